@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/outboxref/orders/internal/auth"
+	"github.com/outboxref/orders/internal/envconfig"
+)
+
+// Config is the orders service's whole configuration, read from the
+// environment. Defaults suit the local demo.
+type Config struct {
+	DatabaseURL     string        // DATABASE_URL
+	HTTPAddr        string        // HTTP_ADDR
+	Tokens          *auth.Tokens  // AUTH_TOKENS: token=subject:role,...
+	ShutdownTimeout time.Duration // SHUTDOWN_TIMEOUT
+
+	Kafka KafkaConfig
+	Relay RelayConfig
+}
+
+// KafkaConfig is how the relay reaches the broker.
+type KafkaConfig struct {
+	Brokers         []string // KAFKA_BROKERS
+	Topic           string   // ORDERS_TOPIC
+	TopicPartitions int      // ORDERS_TOPIC_PARTITIONS
+	TLS             bool     // KAFKA_TLS
+	TLSCAFile       string   // KAFKA_TLS_CA_FILE (system roots when empty)
+	SASLMechanism   string   // KAFKA_SASL_MECHANISM: SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN
+	SASLUsername    string   // KAFKA_SASL_USERNAME
+	SASLPassword    string   // KAFKA_SASL_PASSWORD
+}
+
+// RelayConfig tunes the embedded outbox relay.
+type RelayConfig struct {
+	Enabled      bool          // RELAY_ENABLED
+	BatchSize    int           // RELAY_BATCH_SIZE
+	Lease        time.Duration // RELAY_LEASE
+	PollInterval time.Duration // RELAY_POLL_INTERVAL
+	BackoffBase  time.Duration // RELAY_BACKOFF_BASE
+	BackoffCap   time.Duration // RELAY_BACKOFF_CAP
+}
+
+const defaultDevTokens = "" // no default: tokens are secrets and must be configured
+
+func loadConfig(getenv func(string) string) (Config, error) {
+	r := envconfig.New(getenv)
+	c := Config{
+		DatabaseURL:     r.String("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/orders?sslmode=disable"),
+		HTTPAddr:        r.String("HTTP_ADDR", ":8080"),
+		ShutdownTimeout: r.Duration("SHUTDOWN_TIMEOUT", 20*time.Second),
+		Kafka: KafkaConfig{
+			Brokers:         r.List("KAFKA_BROKERS", "127.0.0.1:9092"),
+			Topic:           r.String("ORDERS_TOPIC", "orders.events"),
+			TopicPartitions: r.Int("ORDERS_TOPIC_PARTITIONS", 6, 1, 10000),
+			TLS:             r.Bool("KAFKA_TLS", false),
+			TLSCAFile:       r.String("KAFKA_TLS_CA_FILE", ""),
+			SASLMechanism:   strings.ToUpper(r.String("KAFKA_SASL_MECHANISM", "")),
+			SASLUsername:    r.String("KAFKA_SASL_USERNAME", ""),
+			SASLPassword:    r.String("KAFKA_SASL_PASSWORD", ""),
+		},
+		Relay: RelayConfig{
+			Enabled:      r.Bool("RELAY_ENABLED", true),
+			BatchSize:    r.Int("RELAY_BATCH_SIZE", 100, 1, 10000),
+			Lease:        r.Duration("RELAY_LEASE", 30*time.Second),
+			PollInterval: r.Duration("RELAY_POLL_INTERVAL", time.Second),
+			BackoffBase:  r.Duration("RELAY_BACKOFF_BASE", 500*time.Millisecond),
+			BackoffCap:   r.Duration("RELAY_BACKOFF_CAP", 5*time.Minute),
+		},
+	}
+	if spec := r.String("AUTH_TOKENS", defaultDevTokens); spec == "" {
+		r.Fail("AUTH_TOKENS is required: token=subject:role,... with roles customer, admin, service")
+	} else if t, err := auth.ParseTokens(spec); err != nil {
+		r.Fail("AUTH_TOKENS: %v", err)
+	} else {
+		c.Tokens = t
+	}
+	if len(c.Kafka.Brokers) == 0 {
+		r.Fail("KAFKA_BROKERS: at least one broker address is required")
+	}
+	switch c.Kafka.SASLMechanism {
+	case "":
+	case "SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN":
+		if c.Kafka.SASLUsername == "" || c.Kafka.SASLPassword == "" {
+			r.Fail("KAFKA_SASL_MECHANISM=%s needs KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD", c.Kafka.SASLMechanism)
+		}
+	default:
+		r.Fail("KAFKA_SASL_MECHANISM=%q: want SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN", c.Kafka.SASLMechanism)
+	}
+	if c.Relay.BackoffCap < c.Relay.BackoffBase {
+		r.Fail("RELAY_BACKOFF_CAP (%s) must not be below RELAY_BACKOFF_BASE (%s)", c.Relay.BackoffCap, c.Relay.BackoffBase)
+	}
+	if err := r.Err(); err != nil {
+		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return c, nil
+}
+
+// print writes the configuration with secrets masked.
+func (c Config) print(w io.Writer) {
+	fmt.Fprintf(w, "config: DATABASE_URL=%s HTTP_ADDR=%s AUTH_TOKENS=[%d tokens: %s] SHUTDOWN_TIMEOUT=%s\n",
+		envconfig.MaskURL(c.DatabaseURL), c.HTTPAddr, c.Tokens.Len(), strings.Join(c.Tokens.Subjects(), " "), c.ShutdownTimeout)
+	fmt.Fprintf(w, "config: KAFKA_BROKERS=%s ORDERS_TOPIC=%s ORDERS_TOPIC_PARTITIONS=%d KAFKA_TLS=%t KAFKA_SASL_MECHANISM=%s KAFKA_SASL_USERNAME=%s KAFKA_SASL_PASSWORD=%s\n",
+		strings.Join(c.Kafka.Brokers, ","), c.Kafka.Topic, c.Kafka.TopicPartitions, c.Kafka.TLS, c.Kafka.SASLMechanism, c.Kafka.SASLUsername, envconfig.Mask(c.Kafka.SASLPassword))
+	fmt.Fprintf(w, "config: RELAY_ENABLED=%t RELAY_BATCH_SIZE=%d RELAY_LEASE=%s RELAY_POLL_INTERVAL=%s RELAY_BACKOFF_BASE=%s RELAY_BACKOFF_CAP=%s\n",
+		c.Relay.Enabled, c.Relay.BatchSize, c.Relay.Lease, c.Relay.PollInterval, c.Relay.BackoffBase, c.Relay.BackoffCap)
+}

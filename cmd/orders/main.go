@@ -1,0 +1,75 @@
+// Command orders runs the order service: the HTTP API that writes orders and
+// their outbox events in one transaction, and the embedded outbox relay that
+// delivers those events to Kafka.
+//
+//	orders migrate   create the database if needed and apply migrations
+//	orders serve     run the API (and the relay unless RELAY_ENABLED=false)
+//	orders relay     run the relay alone, to scale it apart from the API
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/internal/migrate"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "orders:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: orders <command>
+
+commands:
+  migrate   create the database if needed and apply migrations (idempotent)
+  serve     run the HTTP API and, unless RELAY_ENABLED=false, the outbox relay
+  relay     run only the outbox relay
+`
+
+func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	if len(args) != 1 {
+		fmt.Fprint(stdout, usage)
+		return fmt.Errorf("expected one command")
+	}
+	switch args[0] {
+	case "migrate":
+		return runMigrate(ctx, getenv, stdout)
+	case "serve":
+		return runServe(ctx, getenv, stdout)
+	case "relay":
+		return runRelayOnly(ctx, getenv, stdout)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	default:
+		fmt.Fprint(stdout, usage)
+		return fmt.Errorf("unknown command %q", args[0])
+	}
+}
+
+func runMigrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	url := getenv("DATABASE_URL")
+	if url == "" {
+		url = "postgres://postgres@127.0.0.1:5432/orders?sslmode=disable"
+	}
+	ms, err := migrate.Load(schema.Orders, "orders")
+	if err != nil {
+		return err
+	}
+	applied, err := migrate.Up(ctx, url, ms)
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	fmt.Fprintf(stdout, "migrate: %d applied %v, %d total\n", len(applied), applied, len(ms))
+	return nil
+}

@@ -1,0 +1,45 @@
+-- name: OrderInsert :one
+INSERT INTO orders (id, customer, email, currency, status, total_cents, version, created_at, updated_at)
+VALUES (@id, @customer, @email, @currency, 'placed', @total_cents, 1, @now, @now)
+RETURNING *;
+
+-- name: OrderLinesInsert :many
+-- One round trip for all lines of an order.
+INSERT INTO order_lines (order_id, line_no, sku, quantity, unit_price_cents)
+SELECT @order_id::uuid, unnest(@line_nos::integer[]), unnest(@skus::text[]),
+       unnest(@quantities::integer[]), unnest(@unit_prices_cents::bigint[])
+RETURNING *;
+
+-- name: OrderGet :one
+SELECT * FROM orders WHERE id = @id;
+
+-- name: OrderLinesList :many
+SELECT * FROM order_lines WHERE order_id = @order_id ORDER BY line_no;
+
+-- name: OrderLinesListByOrders :many
+SELECT * FROM order_lines WHERE order_id = ANY(@order_ids::uuid[]) ORDER BY order_id, line_no;
+
+-- name: OrderListByCustomer :many
+-- Keyset pagination, newest first. The cursor is the (created_at, id) of
+-- the last row of the previous page; the first page passes NULLs.
+SELECT * FROM orders
+WHERE customer = @customer
+  AND (sqlc.narg('after_created_at')::timestamptz IS NULL
+       OR (created_at, id) < (sqlc.narg('after_created_at')::timestamptz, sqlc.narg('after_id')::uuid))
+ORDER BY created_at DESC, id DESC
+LIMIT @row_limit;
+
+-- name: OrderUpdateStatus :one
+-- The conditional update of W1: it matches no row when another command
+-- changed the order first, and the caller turns that into 412.
+UPDATE orders
+SET status = @status, version = @new_version, updated_at = @now
+WHERE id = @id AND version = @expected_version
+RETURNING *;
+
+-- name: IdempotencyKeyGet :one
+SELECT * FROM idempotency_keys WHERE customer = @customer AND key = @key;
+
+-- name: IdempotencyKeyInsert :exec
+INSERT INTO idempotency_keys (customer, key, request_hash, order_id)
+VALUES (@customer, @key, @request_hash, @order_id);
