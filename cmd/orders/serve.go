@@ -2,10 +2,134 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxref/orders/internal/orders"
+	"github.com/outboxref/orders/internal/ordersapi"
+	"github.com/outboxref/orders/internal/outbox"
 )
 
+// orderEventTypes is the outbox's view of the order events.
+func orderEventTypes() []outbox.EventType {
+	types, err := orders.EventTypes()
+	if err != nil {
+		// The schemas are embedded at build time; a missing one is a
+		// build defect, not a runtime condition.
+		panic(err)
+	}
+	return types
+}
+
+func newLogger(stdout io.Writer) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+func openPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("open database pool: %w", err)
+	}
+	return pool, nil
+}
+
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// runServe runs the API and, unless disabled, the relay, until ctx ends.
+// Shutdown order: stop accepting HTTP requests and let in-flight ones
+// finish (their transactions commit or roll back), then stop the relay so
+// it releases its leases and flushes the producer (R9).
 func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	return fmt.Errorf("serve: not wired yet")
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	cfg.print(stdout)
+	log := newLogger(stdout)
+
+	pool, err := openPool(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg := newRegistry()
+
+	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRelay()
+	relayDone := make(chan error, 1)
+	nudge := func() {}
+	if cfg.Relay.Enabled {
+		relay, err := startRelay(relayCtx, cfg, pool, log, reg, orderEventTypes())
+		if err != nil {
+			return err
+		}
+		nudge = relay.Nudge
+		go func() { relayDone <- relay.Run(relayCtx) }()
+	} else {
+		relayDone <- nil
+		log.Info("relay disabled (RELAY_ENABLED=false); run `orders relay` elsewhere to deliver events")
+	}
+
+	svc := orders.NewService(pool, orders.WithLogger(log), orders.WithNudge(nudge))
+	srv := &http.Server{
+		Addr: cfg.HTTPAddr,
+		Handler: ordersapi.New(ordersapi.Config{
+			Service: svc,
+			Tokens:  cfg.Tokens,
+			Log:     log,
+			Ready:   pool.Ping,
+			Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		}),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       15 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	serverErr := make(chan error, 1)
+	go func() { serverErr <- srv.ListenAndServe() }()
+	log.Info("orders service started", "http_addr", cfg.HTTPAddr, "relay_enabled", cfg.Relay.Enabled, "pid", os.Getpid())
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutdown requested")
+	case err := <-serverErr:
+		stopRelay()
+		<-relayDone
+		return fmt.Errorf("http server: %w", err)
+	case err := <-relayDone:
+		relayDone <- err
+		log.Error("relay stopped unexpectedly; shutting down", "error", fmt.Sprint(err))
+	}
+
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("http shutdown incomplete", "error", err.Error())
+	}
+	stopRelay()
+	select {
+	case err := <-relayDone:
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("relay: %w", err)
+		}
+	case <-shutdownCtx.Done():
+		return errors.New("relay did not stop within SHUTDOWN_TIMEOUT")
+	}
+	log.Info("orders service stopped")
+	return nil
 }

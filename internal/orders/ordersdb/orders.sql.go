@@ -126,7 +126,7 @@ RETURNING order_id, line_no, sku, quantity, unit_price_cents
 type OrderLinesInsertParams struct {
 	OrderID         uuid.UUID
 	LineNos         []int32
-	Skus            []string
+	SKUs            []string
 	Quantities      []int32
 	UnitPricesCents []int64
 }
@@ -136,7 +136,7 @@ func (q *Queries) OrderLinesInsert(ctx context.Context, arg OrderLinesInsertPara
 	rows, err := q.db.Query(ctx, orderLinesInsert,
 		arg.OrderID,
 		arg.LineNos,
-		arg.Skus,
+		arg.SKUs,
 		arg.Quantities,
 		arg.UnitPricesCents,
 	)

@@ -1,0 +1,375 @@
+package orders
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/orders/internal/auth"
+	"github.com/outboxref/orders/internal/orders/ordersdb"
+	"github.com/outboxref/orders/internal/outbox"
+)
+
+// The commands of the order API. They name the command in logs (W7).
+const (
+	CommandCreate = "create"
+	CommandPay    = "pay"
+	CommandCancel = "cancel"
+	CommandShip   = "ship"
+)
+
+// Service runs order commands and queries.
+type Service struct {
+	pool  *pgxpool.Pool
+	log   *slog.Logger
+	now   func() time.Time
+	nudge func()
+	// afterWrite runs inside the transaction after the business write and
+	// before the outbox insert. Tests use it to inject a failure there (V1).
+	afterWrite func(ctx context.Context, command string) error
+}
+
+// Option configures a Service.
+type Option func(*Service)
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(s *Service) { s.log = l } }
+
+// WithNudge sets a function called after every commit that recorded events,
+// to wake the in-process relay (R8). It must not block.
+func WithNudge(f func()) Option { return func(s *Service) { s.nudge = f } }
+
+// WithClock sets the time source (default time.Now).
+func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = now } }
+
+// NewService returns a service over pool.
+func NewService(pool *pgxpool.Pool, opts ...Option) *Service {
+	s := &Service{pool: pool, log: slog.Default(), now: time.Now, nudge: func() {}}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Create places a new order for the caller. With a non-empty idempotencyKey
+// a retry of the same request returns the order created first
+// (replayed=true) instead of creating another one (S3).
+func (s *Service) Create(ctx context.Context, p auth.Principal, in CreateInput, idempotencyKey, traceparent string) (o Order, replayed bool, err error) {
+	if p.Role == auth.RoleService {
+		return Order{}, false, ErrForbidden
+	}
+	if err := in.Validate(); err != nil {
+		return Order{}, false, err
+	}
+	fp := in.fingerprint()
+	if idempotencyKey != "" {
+		if o, found, err := s.replay(ctx, p, idempotencyKey, fp); found || err != nil {
+			return o, found, err
+		}
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Order{}, false, fmt.Errorf("generate order id: %w", err)
+	}
+	var events []outbox.Event
+	err = s.inTx(ctx, func(tx pgx.Tx, q *ordersdb.Queries) error {
+		var total int64
+		lp := ordersdb.OrderLinesInsertParams{OrderID: id}
+		for i, l := range in.Items {
+			total += *l.Quantity * *l.UnitPriceCents
+			lp.LineNos = append(lp.LineNos, int32(i+1))
+			lp.SKUs = append(lp.SKUs, l.SKU)
+			lp.Quantities = append(lp.Quantities, int32(*l.Quantity))
+			lp.UnitPricesCents = append(lp.UnitPricesCents, *l.UnitPriceCents)
+		}
+		row, err := q.OrderInsert(ctx, ordersdb.OrderInsertParams{
+			ID: id, Customer: p.Subject, Email: in.Email, Currency: in.Currency, TotalCents: total, Now: s.now(),
+		})
+		if err != nil {
+			return fmt.Errorf("insert order: %w", err)
+		}
+		lines, err := q.OrderLinesInsert(ctx, lp)
+		if err != nil {
+			return fmt.Errorf("insert order lines: %w", err)
+		}
+		o = toOrder(row, lines)
+		if events, err = s.recordEvents(ctx, tx, CommandCreate, "", o, traceparent); err != nil {
+			return err
+		}
+		if idempotencyKey != "" {
+			if err := q.IdempotencyKeyInsert(ctx, ordersdb.IdempotencyKeyInsertParams{
+				Customer: p.Subject, Key: idempotencyKey, RequestHash: fp, OrderID: id,
+			}); err != nil {
+				return fmt.Errorf("record idempotency key: %w", err)
+			}
+		}
+		return nil
+	})
+	if idempotencyKey != "" && isUniqueViolation(err, "idempotency_keys_pkey") {
+		// A concurrent request with the same key committed first; this
+		// transaction rolled back whole, so answer as a retry would.
+		o, found, rerr := s.replay(ctx, p, idempotencyKey, fp)
+		if rerr != nil || found {
+			return o, found, rerr
+		}
+	}
+	if err != nil {
+		s.logFailure(ctx, CommandCreate, id, err)
+		return Order{}, false, err
+	}
+	s.committed(ctx, CommandCreate, events)
+	return o, false, nil
+}
+
+// replay answers a create carrying an Idempotency-Key that was seen before.
+func (s *Service) replay(ctx context.Context, p auth.Principal, key string, fp []byte) (Order, bool, error) {
+	q := ordersdb.New(s.pool)
+	k, err := q.IdempotencyKeyGet(ctx, ordersdb.IdempotencyKeyGetParams{Customer: p.Subject, Key: key})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Order{}, false, nil
+	}
+	if err != nil {
+		return Order{}, false, fmt.Errorf("look up idempotency key: %w", err)
+	}
+	if string(k.RequestHash) != string(fp) {
+		return Order{}, true, ErrIdempotencyKeyReused
+	}
+	o, err := s.load(ctx, q, k.OrderID)
+	return o, true, err
+}
+
+// Get returns one order if the caller may see it. Customers see only their
+// own orders; anyone else's is ErrNotFound, so ids cannot be probed.
+func (s *Service) Get(ctx context.Context, p auth.Principal, id uuid.UUID) (Order, error) {
+	o, err := s.load(ctx, ordersdb.New(s.pool), id)
+	if err != nil {
+		return Order{}, err
+	}
+	if !canSee(p, o.Customer) {
+		return Order{}, ErrNotFound
+	}
+	return o, nil
+}
+
+// Cursor is a position in the caller's order list.
+type Cursor struct {
+	CreatedAt time.Time `json:"t"`
+	ID        uuid.UUID `json:"id"`
+}
+
+// List returns up to limit of the caller's orders, newest first, after
+// the cursor (nil for the first page), and the cursor of the next page
+// (nil on the last page).
+func (s *Service) List(ctx context.Context, p auth.Principal, after *Cursor, limit int) ([]Order, *Cursor, error) {
+	q := ordersdb.New(s.pool)
+	arg := ordersdb.OrderListByCustomerParams{Customer: p.Subject, RowLimit: int32(limit + 1)}
+	if after != nil {
+		arg.AfterCreatedAt, arg.AfterID = &after.CreatedAt, &after.ID
+	}
+	rows, err := q.OrderListByCustomer(ctx, arg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list orders: %w", err)
+	}
+	var next *Cursor
+	if len(rows) > limit {
+		rows = rows[:limit]
+		last := rows[limit-1]
+		next = &Cursor{CreatedAt: last.CreatedAt, ID: last.ID}
+	}
+	ids := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+	}
+	lines, err := q.OrderLinesListByOrders(ctx, ids)
+	if err != nil {
+		return nil, nil, fmt.Errorf("list order lines: %w", err)
+	}
+	byOrder := map[uuid.UUID][]ordersdb.OrderLine{}
+	for _, l := range lines {
+		byOrder[l.OrderID] = append(byOrder[l.OrderID], l)
+	}
+	out := make([]Order, len(rows))
+	for i, r := range rows {
+		out[i] = toOrder(r, byOrder[r.ID])
+	}
+	return out, next, nil
+}
+
+// Pay moves a placed order to paid.
+func (s *Service) Pay(ctx context.Context, p auth.Principal, id uuid.UUID, expectedVersion int64, traceparent string) (Order, error) {
+	return s.change(ctx, p, CommandPay, id, expectedVersion, traceparent)
+}
+
+// Cancel cancels a placed or paid order. Cancelling a paid order also
+// requests a refund: two events, two versions, one transaction (W4).
+func (s *Service) Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, expectedVersion int64, traceparent string) (Order, error) {
+	return s.change(ctx, p, CommandCancel, id, expectedVersion, traceparent)
+}
+
+// Ship moves a paid order to shipped. Admins only.
+func (s *Service) Ship(ctx context.Context, p auth.Principal, id uuid.UUID, expectedVersion int64, traceparent string) (Order, error) {
+	return s.change(ctx, p, CommandShip, id, expectedVersion, traceparent)
+}
+
+// change runs a state-changing command: check, conditional update, outbox
+// insert, all in one transaction.
+func (s *Service) change(ctx context.Context, p auth.Principal, command string, id uuid.UUID, expected int64, traceparent string) (o Order, err error) {
+	var events []outbox.Event
+	err = s.inTx(ctx, func(tx pgx.Tx, q *ordersdb.Queries) error {
+		cur, err := q.OrderGet(ctx, id)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && !canSee(p, cur.Customer)) {
+			return ErrNotFound
+		}
+		if err != nil {
+			return fmt.Errorf("read order: %w", err)
+		}
+		if p.Role == auth.RoleService || (command == CommandShip && p.Role != auth.RoleAdmin) {
+			return ErrForbidden
+		}
+		if cur.Version != expected {
+			return &VersionConflictError{Expected: expected, Current: cur.Version}
+		}
+		before := Status(cur.Status)
+		next, err := transition(command, before)
+		if err != nil {
+			return err
+		}
+		row, err := q.OrderUpdateStatus(ctx, ordersdb.OrderUpdateStatusParams{
+			ID: id, ExpectedVersion: expected, Status: string(next),
+			NewVersion: expected + eventCount(command, before), Now: s.now(),
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Another command changed the order between our read and our
+			// update; the version condition refused to overwrite it.
+			current := expected
+			if c, gerr := q.OrderGet(ctx, id); gerr == nil {
+				current = c.Version
+			}
+			return &VersionConflictError{Expected: expected, Current: current}
+		}
+		if err != nil {
+			return fmt.Errorf("update order: %w", err)
+		}
+		lines, err := q.OrderLinesList(ctx, id)
+		if err != nil {
+			return fmt.Errorf("read order lines: %w", err)
+		}
+		o = toOrder(row, lines)
+		events, err = s.recordEvents(ctx, tx, command, before, o, traceparent)
+		return err
+	})
+	if err != nil {
+		s.logFailure(ctx, command, id, err)
+		return Order{}, err
+	}
+	s.committed(ctx, command, events)
+	return o, nil
+}
+
+// recordEvents writes the command's events into the outbox inside tx.
+func (s *Service) recordEvents(ctx context.Context, tx pgx.Tx, command string, before Status, after Order, traceparent string) ([]outbox.Event, error) {
+	if s.afterWrite != nil {
+		if err := s.afterWrite(ctx, command); err != nil {
+			return nil, err
+		}
+	}
+	events, err := eventsFor(command, before, after, traceparent)
+	if err != nil {
+		return nil, err
+	}
+	if err := outbox.Insert(ctx, tx, events); err != nil {
+		return nil, err
+	}
+	return events, nil
+}
+
+// committed runs after a successful commit: the events are durable in the
+// outbox now, though not yet delivered. The nudge only shortens latency; a
+// lost nudge is covered by the relay's polling.
+func (s *Service) committed(ctx context.Context, command string, events []outbox.Event) {
+	for _, e := range events {
+		s.log.InfoContext(ctx, "order command committed; event recorded in outbox",
+			"command", command, "aggregate_type", e.AggregateType, "aggregate_id", e.AggregateID,
+			"aggregate_version", e.AggregateVersion, "event_type", e.Type, "event_id", e.ID)
+	}
+	s.nudge()
+}
+
+// logFailure logs a command whose transaction rolled back (W7). It names
+// the command and the aggregate and states that no event was recorded:
+// nothing reached the outbox, so nothing will ever be sent for it.
+func (s *Service) logFailure(ctx context.Context, command string, id uuid.UUID, err error) {
+	level, msg := slog.LevelError, "order command failed; transaction rolled back, no event recorded"
+	var vc *VersionConflictError
+	var te *TransitionError
+	var ve *ValidationError
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrForbidden) || errors.As(err, &vc) || errors.As(err, &te) || errors.As(err, &ve) {
+		level, msg = slog.LevelInfo, "order command rejected; transaction rolled back, no event recorded"
+	}
+	s.log.Log(ctx, level, msg, "command", command, "aggregate_type", AggregateType, "aggregate_id", id, "error", err.Error())
+}
+
+// inTx runs fn in a transaction, committing if it returns nil and rolling
+// back otherwise. The transaction never spans network calls other than to
+// the database (W2): events are published later by the relay.
+func (s *Service) inTx(ctx context.Context, fn func(tx pgx.Tx, q *ordersdb.Queries) error) (err error) {
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+	if err = fn(tx, ordersdb.New(tx)); err != nil {
+		return err
+	}
+	if err = tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+func (s *Service) load(ctx context.Context, q *ordersdb.Queries, id uuid.UUID) (Order, error) {
+	row, err := q.OrderGet(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Order{}, ErrNotFound
+	}
+	if err != nil {
+		return Order{}, fmt.Errorf("read order: %w", err)
+	}
+	lines, err := q.OrderLinesList(ctx, id)
+	if err != nil {
+		return Order{}, fmt.Errorf("read order lines: %w", err)
+	}
+	return toOrder(row, lines), nil
+}
+
+func canSee(p auth.Principal, customer string) bool {
+	return p.Role == auth.RoleAdmin || p.Role == auth.RoleService || p.Subject == customer
+}
+
+func toOrder(r ordersdb.Order, lines []ordersdb.OrderLine) Order {
+	o := Order{
+		ID: r.ID, Customer: r.Customer, Email: r.Email, Currency: r.Currency, Status: Status(r.Status),
+		TotalCents: r.TotalCents, Version: r.Version, CreatedAt: r.CreatedAt.UTC(), UpdatedAt: r.UpdatedAt.UTC(),
+		Items: make([]Line, len(lines)),
+	}
+	for i, l := range lines {
+		o.Items[i] = Line{SKU: l.SKU, Quantity: l.Quantity, UnitPriceCents: l.UnitPriceCents}
+	}
+	return o
+}
+
+func isUniqueViolation(err error, constraint string) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == constraint
+}

@@ -1,0 +1,416 @@
+// Package ordersapi is the HTTP port of the order service.
+//
+// It authenticates the caller, decodes and bounds the request, maps the
+// service's errors to RFC 9457 problems, and turns versions into ETags.
+// It never publishes anything: a successful command has written its events
+// to the outbox in the same transaction, and the relay delivers them (W2).
+package ordersapi
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/google/uuid"
+
+	"github.com/outboxref/orders/internal/auth"
+	"github.com/outboxref/orders/internal/orders"
+)
+
+// MaxBodyBytes bounds a request body (W6); larger bodies get 413.
+const MaxBodyBytes = 64 << 10
+
+// Page sizes of GET /orders.
+const (
+	defaultPageSize = 20
+	maxPageSize     = 100
+)
+
+// Config holds the handler's collaborators.
+type Config struct {
+	Service *orders.Service
+	Tokens  *auth.Tokens
+	Log     *slog.Logger
+	// Ready reports whether the service can serve traffic: the database
+	// only (O3). A broker outage is absorbed by the outbox.
+	Ready func(ctx context.Context) error
+	// Info adds informational fields to /readyz (for example the broker
+	// state), which never affect readiness.
+	Info func() map[string]string
+	// Metrics serves /metrics.
+	Metrics http.Handler
+}
+
+type api struct {
+	Config
+}
+
+// New returns the order API's HTTP handler.
+func New(cfg Config) http.Handler {
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	a := &api{cfg}
+	r := chi.NewRouter()
+	r.Use(middleware.RequestID, a.accessLog, a.recoverer)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, problem{Status: http.StatusNotFound, Detail: "no such resource"})
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, problem{Status: http.StatusMethodNotAllowed})
+	})
+
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
+	r.Get("/readyz", a.readyz)
+	if cfg.Metrics != nil {
+		r.Method(http.MethodGet, "/metrics", cfg.Metrics)
+	}
+
+	r.Group(func(r chi.Router) {
+		r.Use(cfg.Tokens.Middleware(func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="orders"`)
+			writeProblem(w, problem{Status: http.StatusUnauthorized, Detail: "a valid bearer token is required"})
+		}))
+		r.Post("/orders", a.createOrder)
+		r.Get("/orders", a.listOrders)
+		r.Get("/orders/{id}", a.getOrder)
+		r.Post("/orders/{id}/pay", a.command(orders.CommandPay))
+		r.Post("/orders/{id}/cancel", a.command(orders.CommandCancel))
+		r.Post("/orders/{id}/ship", a.command(orders.CommandShip))
+	})
+	return r
+}
+
+func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	body := map[string]string{"status": "ok", "database": "ok"}
+	if a.Info != nil {
+		for k, v := range a.Info() {
+			body[k] = v
+		}
+	}
+	status := http.StatusOK
+	if a.Ready != nil {
+		if err := a.Ready(ctx); err != nil {
+			a.Log.WarnContext(ctx, "not ready: database unavailable", "error", err.Error())
+			status, body["status"], body["database"] = http.StatusServiceUnavailable, "unavailable", "unavailable"
+		}
+	}
+	writeJSON(w, status, body)
+}
+
+func (a *api) createOrder(w http.ResponseWriter, r *http.Request) {
+	p, _ := auth.FromContext(r.Context())
+	key := r.Header.Get("Idempotency-Key")
+	if key != "" {
+		if err := orders.ValidateIdempotencyKey(key); err != nil {
+			a.fail(w, r, err)
+			return
+		}
+	}
+	var in orders.CreateInput
+	if !a.decode(w, r, &in) {
+		return
+	}
+	o, replayed, err := a.Service.Create(r.Context(), p, in, key, traceparent(r))
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	w.Header().Set("Location", "/orders/"+o.ID.String())
+	writeOrder(w, http.StatusCreated, o)
+}
+
+func (a *api) getOrder(w http.ResponseWriter, r *http.Request) {
+	p, _ := auth.FromContext(r.Context())
+	id, ok := orderID(w, r)
+	if !ok {
+		return
+	}
+	o, err := a.Service.Get(r.Context(), p, id)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeOrder(w, http.StatusOK, o)
+}
+
+type orderList struct {
+	Items      []orders.Order `json:"items"`
+	NextCursor string         `json:"next_cursor,omitempty"`
+}
+
+func (a *api) listOrders(w http.ResponseWriter, r *http.Request) {
+	p, _ := auth.FromContext(r.Context())
+	var fe []orders.FieldError
+	limit := defaultPageSize
+	if s := r.URL.Query().Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxPageSize {
+			fe = append(fe, orders.FieldError{Field: "limit", Message: fmt.Sprintf("must be an integer from 1 to %d", maxPageSize)})
+		}
+		limit = n
+	}
+	var after *orders.Cursor
+	if s := r.URL.Query().Get("cursor"); s != "" {
+		c, err := decodeCursor(s)
+		if err != nil {
+			fe = append(fe, orders.FieldError{Field: "cursor", Message: "is not a cursor returned by this API"})
+		}
+		after = c
+	}
+	if len(fe) > 0 {
+		writeProblem(w, problem{Status: http.StatusBadRequest, Type: typeValidation, Title: "Invalid query parameters", Errors: fe})
+		return
+	}
+	list, next, err := a.Service.List(r.Context(), p, after, limit)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	out := orderList{Items: list}
+	if next != nil {
+		out.NextCursor = encodeCursor(*next)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// command handles POST /orders/{id}/{pay,cancel,ship}. If-Match carries the
+// version the client last saw; the service's conditional update enforces it.
+func (a *api) command(name string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p, _ := auth.FromContext(r.Context())
+		id, ok := orderID(w, r)
+		if !ok {
+			return
+		}
+		version, ok := ifMatch(w, r)
+		if !ok {
+			return
+		}
+		var (
+			o   orders.Order
+			err error
+		)
+		switch name {
+		case orders.CommandPay:
+			o, err = a.Service.Pay(r.Context(), p, id, version, traceparent(r))
+		case orders.CommandCancel:
+			o, err = a.Service.Cancel(r.Context(), p, id, version, traceparent(r))
+		case orders.CommandShip:
+			o, err = a.Service.Ship(r.Context(), p, id, version, traceparent(r))
+		}
+		if err != nil {
+			a.fail(w, r, err)
+			return
+		}
+		writeOrder(w, http.StatusOK, o)
+	}
+}
+
+// fail maps a service error to its problem response. Anything unexpected
+// is a 500 whose detail reveals nothing internal.
+func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var (
+		ve *orders.ValidationError
+		vc *orders.VersionConflictError
+		te *orders.TransitionError
+	)
+	switch {
+	case errors.As(err, &ve):
+		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Type: typeValidation, Title: "Invalid order", Detail: "one or more fields are invalid", Errors: ve.Fields})
+	case errors.Is(err, orders.ErrNotFound):
+		writeProblem(w, problem{Status: http.StatusNotFound, Detail: "order not found"})
+	case errors.Is(err, orders.ErrForbidden):
+		writeProblem(w, problem{Status: http.StatusForbidden, Detail: "your role does not allow this command"})
+	case errors.As(err, &vc):
+		w.Header().Set("ETag", etag(vc.Current))
+		writeProblem(w, problem{Status: http.StatusPreconditionFailed, Type: typeStaleVersion, Title: "Stale version",
+			Detail:         fmt.Sprintf("If-Match names version %d but the order is at version %d; re-read it and retry", vc.Expected, vc.Current),
+			CurrentVersion: &vc.Current})
+	case errors.As(err, &te):
+		writeProblem(w, problem{Status: http.StatusConflict, Type: typeIllegalState, Title: "Illegal transition", Detail: te.Error()})
+	case errors.Is(err, orders.ErrIdempotencyKeyReused):
+		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Type: typeIdempotencyReuse, Title: "Idempotency key reused",
+			Detail: "this Idempotency-Key was already used with a different request body"})
+	case errors.Is(err, context.Canceled):
+		// The client went away; nothing useful can be written.
+	default:
+		a.Log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path,
+			"request_id", middleware.GetReqID(r.Context()), "error", err.Error())
+		writeProblem(w, problem{Status: http.StatusInternalServerError, Detail: "internal error; the request id is in the X-Request-Id header"})
+	}
+}
+
+// decode reads a bounded JSON body into v, answering 413 or 400 itself
+// when it cannot.
+func (a *api) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	// The Content-Type is not checked: the body must simply be JSON, which
+	// spares curl users the form-encoding default of -d.
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("unexpected data after the JSON object")
+	} else if err == nil {
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("unexpected data after the JSON object")
+		}
+	}
+	if err == nil {
+		return true
+	}
+	var (
+		mbe *http.MaxBytesError
+		ute *json.UnmarshalTypeError
+		se  *json.SyntaxError
+	)
+	switch {
+	case errors.As(err, &mbe):
+		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Type: typeTooLarge, Title: "Request body too large",
+			Detail: fmt.Sprintf("the body must be at most %d bytes", MaxBodyBytes)})
+	case errors.As(err, &ute):
+		field := ute.Field
+		if field == "" {
+			field = "(body)"
+		}
+		writeProblem(w, problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed request",
+			Detail: fmt.Sprintf("%s must be a JSON %s", field, jsonKind(ute.Type.Kind().String())),
+			Errors: []orders.FieldError{{Field: field, Message: "has the wrong JSON type"}}})
+	case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		writeProblem(w, problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed request", Detail: "the body is not valid JSON"})
+	default:
+		// Unknown fields and trailing data.
+		writeProblem(w, problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed request", Detail: err.Error()})
+	}
+	return false
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "int", "int32", "int64":
+		return "integer"
+	case "slice":
+		return "array"
+	case "struct", "map":
+		return "object"
+	}
+	return goKind
+}
+
+var etagRE = regexp.MustCompile(`^"([1-9][0-9]{0,17})"$`)
+
+// ifMatch returns the version named by If-Match, answering 428 when the
+// header is missing and 400 when it is not a version ETag.
+func ifMatch(w http.ResponseWriter, r *http.Request) (int64, bool) {
+	h := strings.TrimSpace(r.Header.Get("If-Match"))
+	if h == "" {
+		writeProblem(w, problem{Status: http.StatusPreconditionRequired, Type: typeIfMatchRequired, Title: "If-Match required",
+			Detail: `send If-Match with the ETag of the order you read, e.g. If-Match: "1"`})
+		return 0, false
+	}
+	m := etagRE.FindStringSubmatch(h)
+	if m == nil {
+		writeProblem(w, problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed If-Match",
+			Detail: `If-Match must be one quoted version, e.g. "3"`, Errors: []orders.FieldError{{Field: "If-Match", Message: "is not a version ETag"}}})
+		return 0, false
+	}
+	v, _ := strconv.ParseInt(m[1], 10, 64) // 18 digits at most: fits
+	return v, true
+}
+
+func orderID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
+	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		// Not a UUID, so it names no order.
+		writeProblem(w, problem{Status: http.StatusNotFound, Detail: "order not found"})
+		return uuid.Nil, false
+	}
+	return id, true
+}
+
+var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+
+// traceparent returns the request's W3C trace context if it is well formed;
+// it travels with the event to the broker (R7).
+func traceparent(r *http.Request) string {
+	if tp := strings.TrimSpace(r.Header.Get("traceparent")); traceparentRE.MatchString(tp) {
+		return tp
+	}
+	return ""
+}
+
+func etag(version int64) string { return `"` + strconv.FormatInt(version, 10) + `"` }
+
+func writeOrder(w http.ResponseWriter, status int, o orders.Order) {
+	w.Header().Set("ETag", etag(o.Version))
+	writeJSON(w, status, o)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func encodeCursor(c orders.Cursor) string {
+	b, _ := json.Marshal(c)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeCursor(s string) (*orders.Cursor, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return nil, err
+	}
+	var c orders.Cursor
+	if err := json.Unmarshal(b, &c); err != nil || c.ID == uuid.Nil || c.CreatedAt.IsZero() {
+		return nil, errors.New("bad cursor")
+	}
+	return &c, nil
+}
+
+// accessLog logs each request without headers: the Authorization header
+// must never reach a log (O2).
+func (a *api) accessLog(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		w.Header().Set("X-Request-Id", middleware.GetReqID(r.Context()))
+		ww := middleware.NewWrapResponseWriter(w, r.ProtoMajor)
+		next.ServeHTTP(ww, r)
+		a.Log.InfoContext(r.Context(), "http request", "method", r.Method, "path", r.URL.Path,
+			"status", ww.Status(), "duration_ms", time.Since(start).Milliseconds(), "request_id", middleware.GetReqID(r.Context()))
+	})
+}
+
+func (a *api) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if rec := recover(); rec != nil {
+				if rec == http.ErrAbortHandler {
+					panic(rec)
+				}
+				a.Log.ErrorContext(r.Context(), "panic serving request", "path", r.URL.Path, "panic", fmt.Sprint(rec),
+					"request_id", middleware.GetReqID(r.Context()))
+				writeProblem(w, problem{Status: http.StatusInternalServerError, Detail: "internal error"})
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
