@@ -26,7 +26,9 @@ func New(getenv func(string) string) *Reader { return &Reader{getenv: getenv} }
 func (r *Reader) Err() error { return errors.Join(r.errs...) }
 
 // Fail records a problem found by the caller's own validation.
-func (r *Reader) Fail(format string, args ...any) { r.errs = append(r.errs, fmt.Errorf(format, args...)) }
+func (r *Reader) Fail(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Errorf(format, args...))
+}
 
 // String returns the variable, or def when it is unset or empty.
 func (r *Reader) String(name, def string) string {

@@ -71,7 +71,9 @@ func New(cfg Config) http.Handler {
 		writeProblem(w, problem{Status: http.StatusMethodNotAllowed})
 	})
 
-	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, http.StatusOK, map[string]string{"status": "ok"}) })
+	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
 	r.Get("/readyz", a.readyz)
 	if cfg.Metrics != nil {
 		r.Method(http.MethodGet, "/metrics", cfg.Metrics)
