@@ -1,0 +1,380 @@
+package orders
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/internal/auth"
+	"github.com/outboxref/orders/internal/migrate"
+	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/pgtest"
+)
+
+var (
+	alice = auth.Principal{Subject: "alice", Role: auth.RoleCustomer}
+	bob   = auth.Principal{Subject: "bob", Role: auth.RoleCustomer}
+	ops   = auth.Principal{Subject: "ops", Role: auth.RoleAdmin}
+)
+
+type fixture struct {
+	svc  *Service
+	pool *pgxpool.Pool
+	logs *syncBuffer
+}
+
+// syncBuffer collects log output from concurrent requests.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	ms, err := migrate.Load(schema.Orders, "orders")
+	require.NoError(t, err)
+	db := pgtest.New(t, ms)
+	logs := &syncBuffer{}
+	log := slog.New(slog.NewJSONHandler(logs, nil))
+	return &fixture{svc: NewService(db.Pool, WithLogger(log)), pool: db.Pool, logs: logs}
+}
+
+// newInput returns a valid order request; opts adjust it.
+func newInput(opts ...func(*CreateInput)) CreateInput {
+	q, p := int64(2), int64(1250)
+	in := CreateInput{Email: "alice@example.com", Currency: "EUR", Items: []LineInput{{SKU: "SKU-1", Quantity: &q, UnitPriceCents: &p}}}
+	for _, o := range opts {
+		o(&in)
+	}
+	return in
+}
+
+type outboxRow struct {
+	EventID          uuid.UUID
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	SchemaVersion    int
+	Payload          json.RawMessage
+	State            string
+	Xmin             string
+}
+
+func (f *fixture) outbox(t *testing.T, aggregateID string) []outboxRow {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), `
+		SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, state, xmin::text
+		FROM outbox WHERE aggregate_id = $1 OR $1 = '' ORDER BY aggregate_id, aggregate_version`, aggregateID)
+	require.NoError(t, err)
+	defer rows.Close()
+	var out []outboxRow
+	for rows.Next() {
+		var r outboxRow
+		require.NoError(t, rows.Scan(&r.EventID, &r.AggregateType, &r.AggregateID, &r.AggregateVersion, &r.EventType, &r.SchemaVersion, &r.Payload, &r.State, &r.Xmin))
+		out = append(out, r)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func (f *fixture) count(t *testing.T, table string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, f.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n))
+	return n
+}
+
+func (f *fixture) orderXmin(t *testing.T, id uuid.UUID) string {
+	t.Helper()
+	var x string
+	require.NoError(t, f.pool.QueryRow(context.Background(), "SELECT xmin::text FROM orders WHERE id = $1", id).Scan(&x))
+	return x
+}
+
+var errInjected = errors.New("injected failure after the business write")
+
+// TestAtomicity shows V1: the order and its outbox rows commit or roll back
+// together, also when a failure strikes after the business write.
+func TestAtomicity(t *testing.T) {
+	t.Parallel()
+
+	t.Run("CreateFailsAfterBusinessWrite", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t)
+		f.svc.afterWrite = func(context.Context, string) error { return errInjected }
+		_, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+		require.ErrorIs(t, err, errInjected)
+		require.Zero(t, f.count(t, "orders"), "the order row must roll back with the failed outbox write")
+		require.Zero(t, f.count(t, "order_lines"))
+		require.Zero(t, f.count(t, "outbox"))
+	})
+
+	t.Run("PayFailsAfterBusinessWrite", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t)
+		o, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+		require.NoError(t, err)
+		f.svc.afterWrite = func(context.Context, string) error { return errInjected }
+		_, err = f.svc.Pay(context.Background(), alice, o.ID, 1, "")
+		require.ErrorIs(t, err, errInjected)
+		got, err := f.svc.Get(context.Background(), alice, o.ID)
+		require.NoError(t, err)
+		require.Equal(t, StatusPlaced, got.Status)
+		require.EqualValues(t, 1, got.Version)
+		rows := f.outbox(t, o.ID.String())
+		require.Len(t, rows, 1)
+		require.Equal(t, EventPlaced, rows[0].EventType)
+	})
+
+	t.Run("OutboxConstraintViolationRollsBackOrder", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t)
+		o, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+		require.NoError(t, err)
+		// Another writer already holds version 2 of this aggregate: the
+		// unique constraint fails the outbox insert, after the update.
+		_, err = f.pool.Exec(context.Background(), `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
+			VALUES ($1, 'order', $2, 2, 'order.paid', 1, '{}')`, uuid.New(), o.ID.String())
+		require.NoError(t, err)
+		_, err = f.svc.Pay(context.Background(), alice, o.ID, 1, "")
+		require.Error(t, err)
+		got, err := f.svc.Get(context.Background(), alice, o.ID)
+		require.NoError(t, err)
+		require.Equal(t, StatusPlaced, got.Status, "the status update must roll back with the outbox insert")
+		require.EqualValues(t, 1, got.Version)
+	})
+
+	t.Run("CommittedTogether", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t)
+		o, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+		require.NoError(t, err)
+		rows := f.outbox(t, o.ID.String())
+		require.Len(t, rows, 1)
+		require.Equal(t, f.orderXmin(t, o.ID), rows[0].Xmin, "order and event must be written by the same transaction")
+	})
+}
+
+// TestFailureLogNamesCommandAndNeverClaimsDelivery covers W7.
+func TestFailureLogNamesCommandAndNeverClaimsDelivery(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	o, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+	require.NoError(t, err)
+	f.svc.afterWrite = func(context.Context, string) error { return errInjected }
+	_, err = f.svc.Pay(context.Background(), alice, o.ID, 1, "")
+	require.ErrorIs(t, err, errInjected)
+
+	var line map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(f.logs.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &m))
+		if m["level"] == "ERROR" {
+			line = m
+		}
+	}
+	require.NotNil(t, line, "a failed transaction must be logged at error level")
+	require.Equal(t, CommandPay, line["command"])
+	require.Equal(t, o.ID.String(), line["aggregate_id"])
+	require.Equal(t, AggregateType, line["aggregate_type"])
+	msg := strings.ToLower(line["msg"].(string))
+	for _, claim := range []string{"sent", "publish", "delivered", "recorded in outbox"} {
+		require.NotContains(t, msg, claim, "a failed transaction's log must not claim %q", claim)
+	}
+	require.Contains(t, msg, "no event recorded")
+}
+
+// TestEventPayloads checks W4 and W5: payloads equal the committed row,
+// validate against their published JSON Schema, and a paid order's
+// cancellation emits two consecutive versions in one transaction.
+func TestEventPayloads(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	q3, p3 := int64(1), int64(999)
+	o, _, err := f.svc.Create(ctx, alice, newInput(func(in *CreateInput) {
+		in.Items = append(in.Items, LineInput{SKU: "SKU-2", Quantity: &q3, UnitPriceCents: &p3})
+	}), "", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	require.NoError(t, err)
+	require.EqualValues(t, 2*1250+999, o.TotalCents)
+	paid, err := f.svc.Pay(ctx, alice, o.ID, 1, "")
+	require.NoError(t, err)
+	cancelled, err := f.svc.Cancel(ctx, alice, o.ID, 2, "")
+	require.NoError(t, err)
+	require.EqualValues(t, 4, cancelled.Version)
+	require.Equal(t, StatusCancelled, cancelled.Status)
+
+	rows := f.outbox(t, o.ID.String())
+	require.Len(t, rows, 4)
+	wantTypes := []string{EventPlaced, EventPaid, EventCancelled, EventRefundRequested}
+	seen := map[uuid.UUID]bool{}
+	types, err := EventTypes()
+	require.NoError(t, err)
+	compiled := compileSchemas(t, types)
+	for i, r := range rows {
+		require.Equal(t, wantTypes[i], r.EventType)
+		require.EqualValues(t, i+1, r.AggregateVersion, "versions are consecutive per aggregate")
+		require.Equal(t, AggregateType, r.AggregateType)
+		require.Equal(t, 1, r.SchemaVersion)
+		require.Equal(t, "pending", r.State)
+		require.False(t, seen[r.EventID], "event ids are unique")
+		seen[r.EventID] = true
+		var doc any
+		require.NoError(t, json.Unmarshal(r.Payload, &doc))
+		require.NoError(t, compiled[r.EventType].Validate(doc), "%s payload must match its schema", r.EventType)
+	}
+	require.Equal(t, rows[2].Xmin, rows[3].Xmin, "cancelled and refund_requested come from one transaction")
+	require.Equal(t, f.orderXmin(t, o.ID), rows[3].Xmin, "and that transaction also wrote the order")
+	require.NotEqual(t, rows[1].Xmin, rows[2].Xmin)
+
+	var placed placedV1
+	require.NoError(t, json.Unmarshal(rows[0].Payload, &placed))
+	require.Equal(t, placedV1{OrderID: o.ID.String(), Customer: "alice", Email: o.Email, Currency: o.Currency,
+		Items: o.Items, TotalCents: o.TotalCents, PlacedAt: o.CreatedAt}, normalise(placed))
+	var pd paidV1
+	require.NoError(t, json.Unmarshal(rows[1].Payload, &pd))
+	require.Equal(t, paidV1{OrderID: o.ID.String(), Email: o.Email, Currency: o.Currency, TotalCents: o.TotalCents, PaidAt: paid.UpdatedAt}, pd)
+	var cn cancelledV1
+	require.NoError(t, json.Unmarshal(rows[2].Payload, &cn))
+	require.Equal(t, cancelledV1{OrderID: o.ID.String(), Email: o.Email, PreviousStatus: StatusPaid, CancelledAt: cancelled.UpdatedAt}, cn)
+	var rr refundRequestedV1
+	require.NoError(t, json.Unmarshal(rows[3].Payload, &rr))
+	require.Equal(t, refundRequestedV1{OrderID: o.ID.String(), Currency: o.Currency, AmountCents: o.TotalCents, RequestedAt: cancelled.UpdatedAt}, rr)
+	for _, forbidden := range []string{"version", "status", "lease", "password", "token"} {
+		require.NotContains(t, string(rows[0].Payload), `"`+forbidden+`"`, "payloads carry the contract, not the row")
+	}
+
+	// Event ids are stable: later commands do not rewrite earlier rows.
+	_, err = f.pool.Exec(ctx, "UPDATE orders SET email = 'changed@example.com' WHERE id = $1", o.ID)
+	require.NoError(t, err)
+	again := f.outbox(t, o.ID.String())
+	for i := range rows {
+		require.Equal(t, rows[i].EventID, again[i].EventID)
+		require.JSONEq(t, string(rows[i].Payload), string(again[i].Payload), "payloads are never re-read after commit")
+	}
+	var tp *string
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT traceparent FROM outbox WHERE event_id = $1", rows[0].EventID).Scan(&tp))
+	require.NotNil(t, tp)
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT traceparent FROM outbox WHERE event_id = $1", rows[1].EventID).Scan(&tp))
+	require.Nil(t, tp, "no traceparent when the request carried none")
+}
+
+func normalise(p placedV1) placedV1 {
+	p.PlacedAt = p.PlacedAt.UTC()
+	return p
+}
+
+func compileSchemas(t *testing.T, types []outbox.EventType) map[string]*jsonschema.Schema {
+	t.Helper()
+	c := jsonschema.NewCompiler()
+	out := map[string]*jsonschema.Schema{}
+	for _, et := range types {
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(et.Schemas[1]))
+		require.NoError(t, err)
+		url := fmt.Sprintf("mem:///%s.json", et.Name)
+		require.NoError(t, c.AddResource(url, doc))
+		s, err := c.Compile(url)
+		require.NoError(t, err)
+		out[et.Name] = s
+	}
+	return out
+}
+
+func TestTransitionsAndPermissions(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	o, _, err := f.svc.Create(ctx, alice, newInput(), "", "")
+	require.NoError(t, err)
+
+	_, err = f.svc.Get(ctx, bob, o.ID)
+	require.ErrorIs(t, err, ErrNotFound, "another customer's order is invisible")
+	_, err = f.svc.Pay(ctx, bob, o.ID, 1, "")
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = f.svc.Ship(ctx, alice, o.ID, 1, "")
+	require.ErrorIs(t, err, ErrForbidden, "only admins ship")
+	_, err = f.svc.Ship(ctx, ops, o.ID, 1, "")
+	var te *TransitionError
+	require.ErrorAs(t, err, &te, "a placed order cannot ship")
+	_, err = f.svc.Pay(ctx, alice, o.ID, 7, "")
+	var vc *VersionConflictError
+	require.ErrorAs(t, err, &vc)
+	require.EqualValues(t, 1, vc.Current)
+
+	_, err = f.svc.Pay(ctx, alice, o.ID, 1, "")
+	require.NoError(t, err)
+	shipped, err := f.svc.Ship(ctx, ops, o.ID, 2, "")
+	require.NoError(t, err)
+	require.Equal(t, StatusShipped, shipped.Status)
+	_, err = f.svc.Cancel(ctx, alice, o.ID, 3, "")
+	require.ErrorAs(t, err, &te, "a shipped order cannot be cancelled")
+	require.Len(t, f.outbox(t, o.ID.String()), 3)
+}
+
+func TestIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+
+	first, replayed, err := f.svc.Create(ctx, alice, newInput(), "key-1", "")
+	require.NoError(t, err)
+	require.False(t, replayed)
+	again, replayed, err := f.svc.Create(ctx, alice, newInput(), "key-1", "")
+	require.NoError(t, err)
+	require.True(t, replayed)
+	require.Equal(t, first.ID, again.ID)
+
+	_, _, err = f.svc.Create(ctx, alice, newInput(func(in *CreateInput) { in.Currency = "USD" }), "key-1", "")
+	require.ErrorIs(t, err, ErrIdempotencyKeyReused)
+
+	// Keys are scoped to the customer: Bob's key-1 is a different key.
+	bobs, replayed, err := f.svc.Create(ctx, bob, newInput(), "key-1", "")
+	require.NoError(t, err)
+	require.False(t, replayed)
+	require.NotEqual(t, first.ID, bobs.ID)
+
+	// Concurrent retries of one request create one order.
+	var wg sync.WaitGroup
+	ids := make([]uuid.UUID, 10)
+	for i := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			o, _, err := f.svc.Create(ctx, alice, newInput(), "key-race", "")
+			if err == nil {
+				ids[i] = o.ID
+			}
+		}()
+	}
+	wg.Wait()
+	for _, id := range ids {
+		require.Equal(t, ids[0], id)
+	}
+	require.Equal(t, 3, f.count(t, "orders"))
+	require.Equal(t, 3, f.count(t, "outbox"))
+}
