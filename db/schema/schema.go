@@ -11,3 +11,10 @@ import "embed"
 //
 //go:embed orders/*.sql
 var Orders embed.FS
+
+// Notifier holds the notifier service's migrations: the inbox (processed
+// events, per-aggregate versions, held events, conflicts, parked records),
+// the order projection and the email send ledger.
+//
+//go:embed notifier/*.sql
+var Notifier embed.FS

@@ -1,0 +1,176 @@
+-- name: InboxAggregateEnsure :exec
+-- Creates the aggregate's version row on first sight, so that the lock below
+-- always has a row to take.
+INSERT INTO inbox_aggregate (aggregate_type, aggregate_id)
+VALUES (@aggregate_type, @aggregate_id)
+ON CONFLICT (aggregate_type, aggregate_id) DO NOTHING;
+
+-- name: InboxAggregateLock :one
+-- Serialises all decisions about one aggregate until the transaction ends.
+SELECT * FROM inbox_aggregate
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
+FOR UPDATE;
+
+-- name: InboxAggregateAdvance :execrows
+-- Moves the applied version forward, never backwards: a caller that passes
+-- a version at or below the current one updates nothing.
+UPDATE inbox_aggregate
+SET last_version = @new_version, updated_at = clock_timestamp()
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
+  AND last_version < @new_version;
+
+-- name: InboxAggregateOpenGap :exec
+-- Starts the gap clock unless it is already running: the window counts from
+-- the first held event, not the latest.
+UPDATE inbox_aggregate
+SET gap_since    = coalesce(gap_since, clock_timestamp()),
+    resync_after = coalesce(resync_after, clock_timestamp() + make_interval(secs => @window_seconds::float8)),
+    updated_at   = clock_timestamp()
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
+
+-- name: InboxAggregateCloseGap :exec
+UPDATE inbox_aggregate
+SET gap_since = NULL, resync_after = NULL, resync_attempts = 0, last_resync_error = NULL,
+    updated_at = clock_timestamp()
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
+
+-- name: InboxAggregateResyncFailed :exec
+-- Pushes the next resync attempt out; the gap stays open and held events stay held.
+UPDATE inbox_aggregate
+SET resync_after      = clock_timestamp() + make_interval(secs => @retry_seconds::float8),
+    resync_attempts   = resync_attempts + 1,
+    last_resync_error = left(@last_error::text, 1024),
+    updated_at        = clock_timestamp()
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
+
+-- name: InboxGapsDue :many
+-- Aggregates whose gap outlived its window.
+SELECT * FROM inbox_aggregate
+WHERE resync_after <= clock_timestamp()
+ORDER BY resync_after
+LIMIT @row_limit;
+
+-- name: ProcessedEventInsert :one
+-- The dedup marker. No row comes back when the event_id is already known:
+-- the caller treats that as a duplicate and changes nothing.
+INSERT INTO processed_event (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, outcome)
+VALUES (@event_id, @aggregate_type, @aggregate_id, @aggregate_version, @event_type, @outcome)
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id;
+
+-- name: ProcessedEventGet :one
+SELECT * FROM processed_event WHERE event_id = @event_id;
+
+-- name: ProcessedEventOwner :one
+-- The event that owns an aggregate version, if any. Conflict rows never own
+-- a version; superseded ones do (a resync placed them).
+SELECT event_id FROM processed_event
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
+  AND aggregate_version = @aggregate_version
+  AND outcome IN ('applied', 'superseded')
+LIMIT 1;
+
+-- name: ProcessedEventSetOutcome :exec
+UPDATE processed_event
+SET outcome = @outcome, processed_at = clock_timestamp()
+WHERE event_id = @event_id;
+
+-- name: ProcessedEventCleanupLock :one
+-- One cleaner at a time (O6): a transaction-scoped advisory lock, released
+-- at commit, so a crashed cleaner never leaves it behind.
+SELECT pg_try_advisory_xact_lock(@lock_key::bigint);
+
+-- name: ProcessedEventCleanup :execrows
+-- Deletes one bounded batch of finished markers older than the TTL, oldest
+-- first, so a large backlog never becomes one long lock-holding statement.
+DELETE FROM processed_event
+WHERE event_id IN (
+    SELECT p.event_id FROM processed_event p
+    WHERE p.outcome IN ('applied', 'superseded', 'conflict')
+      AND p.processed_at < clock_timestamp() - make_interval(secs => @ttl_seconds::float8)
+    ORDER BY p.processed_at, p.event_id
+    LIMIT @batch_size
+);
+
+-- name: InboxHeldInsert :exec
+INSERT INTO inbox_held_event (event_id, aggregate_type, aggregate_id, aggregate_version,
+                              event_type, schema_version, event_time, payload)
+VALUES (@event_id, @aggregate_type, @aggregate_id, @aggregate_version,
+        @event_type, @schema_version, @event_time, @payload);
+
+-- name: InboxHeldGetByVersion :one
+SELECT * FROM inbox_held_event
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
+  AND aggregate_version = @aggregate_version;
+
+-- name: InboxHeldNext :one
+-- The held event that directly follows the applied version, if it arrived.
+SELECT * FROM inbox_held_event
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
+  AND aggregate_version = @aggregate_version AND state = 'held';
+
+-- name: InboxHeldDelete :exec
+DELETE FROM inbox_held_event WHERE event_id = @event_id;
+
+-- name: InboxHeldCountForAggregate :one
+SELECT count(*) FROM inbox_held_event
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id AND state = 'held';
+
+-- name: InboxHeldSupersede :execrows
+-- A resync snapshot already covers these versions: they leave the hold
+-- without being applied, and stay recorded so a late copy is a duplicate.
+WITH gone AS (
+    DELETE FROM inbox_held_event h
+    WHERE h.aggregate_type = @aggregate_type AND h.aggregate_id = @aggregate_id
+      AND h.state = 'held' AND h.aggregate_version <= @snapshot_version
+    RETURNING h.event_id
+)
+UPDATE processed_event
+SET outcome = 'superseded', processed_at = clock_timestamp()
+WHERE event_id IN (SELECT event_id FROM gone);
+
+-- name: InboxHeldPark :execrows
+-- The source of truth cannot place these events (for instance it answered
+-- 404): they are kept with the reason for an operator, never dropped.
+WITH parked AS (
+    UPDATE inbox_held_event h
+    SET state = 'parked', park_reason = left(@reason::text, 1024), parked_at = clock_timestamp()
+    WHERE h.aggregate_type = @aggregate_type AND h.aggregate_id = @aggregate_id AND h.state = 'held'
+    RETURNING h.event_id
+)
+UPDATE processed_event
+SET outcome = 'parked', processed_at = clock_timestamp()
+WHERE event_id IN (SELECT event_id FROM parked);
+
+-- name: InboxHeldListForAggregate :many
+SELECT * FROM inbox_held_event
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
+ORDER BY aggregate_version;
+
+-- name: InboxHeldStats :one
+SELECT count(*) FILTER (WHERE state = 'held')   AS held,
+       count(*) FILTER (WHERE state = 'parked') AS parked
+FROM inbox_held_event;
+
+-- name: InboxConflictInsert :exec
+INSERT INTO inbox_conflict (event_id, aggregate_type, aggregate_id, aggregate_version,
+                            event_type, existing_event_id, payload)
+VALUES (@event_id, @aggregate_type, @aggregate_id, @aggregate_version,
+        @event_type, @existing_event_id, @payload);
+
+-- name: InboxConflictList :many
+SELECT * FROM inbox_conflict
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
+ORDER BY aggregate_version, detected_at;
+
+-- name: InboxParkedRecordInsert :execrows
+-- A redelivered poison record (same source position) is parked only once.
+INSERT INTO inbox_parked_record (source, partition, "offset", event_id, record_key, record_value, headers, reason)
+VALUES (@source, @partition, @record_offset, sqlc.narg('event_id'), @record_key, @record_value, @headers, left(@reason::text, 1024))
+ON CONFLICT (source, partition, "offset") DO NOTHING;
+
+-- name: InboxParkedRecordCount :one
+SELECT count(*) FROM inbox_parked_record;
+
+-- name: InboxParkedRecordList :many
+SELECT * FROM inbox_parked_record ORDER BY id LIMIT @row_limit;

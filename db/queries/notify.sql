@@ -1,0 +1,121 @@
+-- name: ProjectionGet :one
+SELECT * FROM order_projection WHERE order_id = @order_id;
+
+-- name: ProjectionUpsert :execrows
+-- Writes the order's new state. The WHERE on the update makes it a no-op
+-- when the stored version is not older, so the projection can never move
+-- backwards even if a caller got the ordering wrong; the caller checks the
+-- row count.
+INSERT INTO order_projection (order_id, email, status, currency, total_cents,
+                              refund_requested_cents, version, last_event_id)
+VALUES (@order_id, @email, @status, sqlc.narg('currency'), sqlc.narg('total_cents'),
+        sqlc.narg('refund_requested_cents'), @version, sqlc.narg('last_event_id'))
+ON CONFLICT (order_id) DO UPDATE
+SET email                  = EXCLUDED.email,
+    status                 = EXCLUDED.status,
+    currency               = coalesce(EXCLUDED.currency, order_projection.currency),
+    total_cents            = coalesce(EXCLUDED.total_cents, order_projection.total_cents),
+    refund_requested_cents = coalesce(EXCLUDED.refund_requested_cents, order_projection.refund_requested_cents),
+    version                = EXCLUDED.version,
+    last_event_id          = EXCLUDED.last_event_id,
+    updated_at             = clock_timestamp()
+WHERE order_projection.version < EXCLUDED.version;
+
+-- name: EmailSendInsert :one
+-- The email intent, written in the event's transaction. A second insert for
+-- the same operation key returns no row and the caller reads the first.
+INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
+                        recipient, subject, body)
+VALUES (@operation_key, @event_id, @message_id, @order_id, @event_type,
+        @recipient, @subject, @body)
+ON CONFLICT (operation_key) DO NOTHING
+RETURNING *;
+
+-- name: EmailSendGet :one
+SELECT * FROM email_send WHERE operation_key = @operation_key;
+
+-- name: EmailSendListByOrder :many
+SELECT * FROM email_send WHERE order_id = @order_id ORDER BY created_at, operation_key;
+
+-- name: EmailSendListByState :many
+SELECT * FROM email_send WHERE state = @state ORDER BY created_at, operation_key LIMIT @row_limit;
+
+-- name: EmailSendClaim :many
+-- Claims due rows in a short transaction of its own; the send happens after
+-- commit. SKIP LOCKED lets several senders share the ledger. Unknown rows
+-- are claimed only under the resend policy.
+UPDATE email_send
+SET state = 'sending', claim_token = @claim_token::uuid, claimed_by = @claimed_by::text,
+    sending_since = clock_timestamp(), attempts = attempts + 1
+WHERE operation_key IN (
+    SELECT e.operation_key FROM email_send e
+    WHERE e.next_attempt_at <= clock_timestamp()
+      AND (e.state = 'pending'
+           OR (e.state = 'unknown' AND @resend_unknown::boolean AND e.attempts < @max_attempts::integer))
+    ORDER BY e.next_attempt_at, e.operation_key
+    LIMIT @batch_size
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING *;
+
+-- name: EmailSendMarkSent :execrows
+-- Fenced by the claim token. 'unknown' is accepted too: if the stuck-send
+-- sweep gave up on this attempt but the attempt then learned it succeeded,
+-- the better-informed answer wins.
+UPDATE email_send
+SET state = 'sent', sent_at = clock_timestamp(), smtp_reply = left(@smtp_reply::text, 1024),
+    last_error_class = NULL, last_error = NULL
+WHERE operation_key = @operation_key AND claim_token = @claim_token::uuid
+  AND state IN ('sending', 'unknown');
+
+-- name: EmailSendMarkRetry :execrows
+UPDATE email_send
+SET state = 'pending',
+    next_attempt_at = clock_timestamp() + make_interval(secs => @backoff_seconds::float8),
+    last_error_class = @error_class::text, last_error = left(@last_error::text, 1024)
+WHERE operation_key = @operation_key AND claim_token = @claim_token::uuid AND state = 'sending';
+
+-- name: EmailSendMarkUnknown :execrows
+-- next_attempt_at only matters under the resend policy.
+UPDATE email_send
+SET state = 'unknown',
+    next_attempt_at = clock_timestamp() + make_interval(secs => @backoff_seconds::float8),
+    last_error_class = @error_class::text, last_error = left(@last_error::text, 1024)
+WHERE operation_key = @operation_key AND claim_token = @claim_token::uuid AND state = 'sending';
+
+-- name: EmailSendMarkFailed :execrows
+UPDATE email_send
+SET state = 'failed', last_error_class = @error_class::text, last_error = left(@last_error::text, 1024)
+WHERE operation_key = @operation_key AND claim_token = @claim_token::uuid AND state = 'sending';
+
+-- name: EmailSendRelease :execrows
+-- Gives back claimed rows that a stopping sender did not start sending, so
+-- they are not mistaken for crashed sends.
+UPDATE email_send
+SET state = 'pending', attempts = attempts - 1, claim_token = NULL, claimed_by = NULL, sending_since = NULL
+WHERE operation_key = @operation_key AND claim_token = @claim_token::uuid AND state = 'sending';
+
+-- name: EmailSendSweepStuck :many
+-- A row still 'sending' long after any send could have finished belongs to
+-- a sender that died mid-send. Whether the email left is unknown, so it is
+-- never put back to pending.
+UPDATE email_send
+SET state = 'unknown',
+    next_attempt_at = clock_timestamp(),
+    last_error_class = 'sending_timeout',
+    last_error = 'still sending after ' || @timeout_seconds::float8 || 's: sender presumed dead'
+WHERE state = 'sending'
+  AND sending_since < clock_timestamp() - make_interval(secs => @timeout_seconds::float8)
+RETURNING operation_key, event_id;
+
+-- name: EmailSendResolve :execrows
+-- Operator resolution of an unknown or failed row, recorded with the actor.
+-- 'sent' closes it, 'pending' asks for one more send with the same
+-- Message-ID, 'failed' gives up.
+UPDATE email_send
+SET state = @new_state, next_attempt_at = clock_timestamp(),
+    resolved_by = @actor::text, resolved_at = clock_timestamp(), resolution = @resolution::text
+WHERE operation_key = @operation_key AND state IN ('unknown', 'failed');
+
+-- name: EmailSendCountByState :many
+SELECT state, count(*) AS n FROM email_send GROUP BY state;

@@ -1,0 +1,152 @@
+package notify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/orders/internal/inbox"
+	"github.com/outboxref/orders/internal/notify/notifydb"
+)
+
+// ErrProjectionRegressed means a projection write would have moved an
+// order's state backwards. The inbox's ordering makes it impossible; the
+// check stays so that a bug surfaces as an error instead of a wrong email.
+var ErrProjectionRegressed = errors.New("notify: projection would move backwards")
+
+// Projector applies order events to the local projection and writes the
+// email intents into the send ledger, in the caller's transaction.
+type Projector struct {
+	log *slog.Logger
+	// afterProjection, when set, runs after the projection update and
+	// before the ledger write: the fault-injection point of the V4 test.
+	afterProjection func(inbox.Event) error
+}
+
+// NewProjector returns a Projector.
+func NewProjector(log *slog.Logger) *Projector {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Projector{log: log}
+}
+
+// Apply is the inbox.ApplyFunc of the notifier. One order event becomes, in
+// the same transaction as its processed_event marker: the projection's new
+// state (last version, status, email) and, for the four emailed types, one
+// pending send-ledger row. The email itself is sent later, outside any
+// transaction, by the Sender.
+func (p *Projector) Apply(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
+	if !isKnownType(e.Type) {
+		p.log.InfoContext(ctx, "event type not used by the notifier; version recorded, nothing to do", e.LogAttrs()...)
+		return nil
+	}
+	orderID, err := uuid.Parse(e.AggregateID)
+	if err != nil {
+		return poison("aggregate id %q is not an order UUID", e.AggregateID)
+	}
+	payload, err := parsePayload(e)
+	if err != nil {
+		return err
+	}
+	q := notifydb.New(tx)
+	cur, err := q.ProjectionGet(ctx, orderID)
+	var prev *notifydb.OrderProjection
+	switch {
+	case err == nil:
+		prev = &cur
+	case !errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("read order projection: %w", err)
+	}
+
+	next, mail := project(prev, orderID, e, payload)
+	n, err := q.ProjectionUpsert(ctx, next)
+	if err != nil {
+		return fmt.Errorf("update order projection: %w", err)
+	}
+	if n != 1 {
+		return fmt.Errorf("%w: order %s, event v%d", ErrProjectionRegressed, orderID, e.AggregateVersion)
+	}
+	if p.afterProjection != nil {
+		if err := p.afterProjection(e); err != nil {
+			return err
+		}
+	}
+	if mail == nil {
+		return nil
+	}
+	if _, err := enqueueEmail(ctx, q, *mail); err != nil {
+		return err
+	}
+	return nil
+}
+
+// ApplySnapshot replaces an order's projection with the orders API's view
+// during a resync. It writes no email: a snapshot is state, not an event.
+func (p *Projector) ApplySnapshot(ctx context.Context, tx pgx.Tx, s inbox.Snapshot) error {
+	o, ok := s.State.(OrderSnapshot)
+	if !ok {
+		return fmt.Errorf("snapshot state is %T, want OrderSnapshot", s.State)
+	}
+	total := o.TotalCents
+	n, err := notifydb.New(tx).ProjectionUpsert(ctx, notifydb.ProjectionUpsertParams{
+		OrderID: o.ID, Email: o.Email, Status: o.Status, Currency: nonEmpty(o.Currency),
+		TotalCents: &total, Version: s.Version,
+	})
+	if err != nil {
+		return fmt.Errorf("write snapshot projection: %w", err)
+	}
+	if n != 1 {
+		return fmt.Errorf("%w: snapshot v%d of order %s", ErrProjectionRegressed, s.Version, o.ID)
+	}
+	return nil
+}
+
+// project computes the projection after e and the email it asks for. It is
+// pure, so the business rules read in one place.
+func project(prev *notifydb.OrderProjection, orderID uuid.UUID, e inbox.Event, payload any) (notifydb.ProjectionUpsertParams, *emailIntent) {
+	next := notifydb.ProjectionUpsertParams{OrderID: orderID, Version: e.AggregateVersion, LastEventID: &e.ID}
+	if prev != nil {
+		next.Email, next.Status = prev.Email, prev.Status
+	}
+	var subject, body string
+	switch v := payload.(type) {
+	case *placedPayload:
+		next.Email, next.Status, next.Currency, next.TotalCents = v.Email, "placed", nonEmpty(v.Currency), v.TotalCents
+		subject, body = placedEmail(orderID, v)
+	case *paidPayload:
+		next.Email, next.Status, next.Currency, next.TotalCents = v.Email, "paid", nonEmpty(v.Currency), v.TotalCents
+		subject, body = paidEmail(orderID, v)
+	case *cancelledPayload:
+		next.Email, next.Status = v.Email, "cancelled"
+		subject, body = cancelledEmail(orderID, v)
+	case *shippedPayload:
+		next.Email, next.Status = v.Email, "shipped"
+		subject, body = shippedEmail(orderID)
+	case *refundRequestedPayload:
+		// Updates the projection only: the customer already got the
+		// cancellation email, which announces the refund.
+		next.RefundRequestedCents = v.AmountCents
+		if prev == nil {
+			// Only reachable if the projection was lost; keep the row
+			// valid and let the next snapshot or event fill it in.
+			next.Status = "cancelled"
+		}
+		return next, nil
+	}
+	return next, &emailIntent{
+		EventID: e.ID, OrderID: orderID, EventType: e.Type,
+		Recipient: next.Email, Subject: subject, Body: body,
+	}
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}

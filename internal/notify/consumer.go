@@ -1,0 +1,329 @@
+package notify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxref/orders/internal/inbox"
+	"github.com/outboxref/orders/internal/notify/notifydb"
+)
+
+// ConsumerConfig configures the Kafka side of the Consumer.
+type ConsumerConfig struct {
+	Brokers []string
+	Topic   string
+	Group   string
+	// InstanceID enables static membership: a restarted instance takes its
+	// partitions back without a rebalance. Empty means dynamic membership.
+	InstanceID string
+	// SessionTimeout is how long the group waits for a silent member.
+	SessionTimeout time.Duration
+	// MaxPollRecords bounds one batch between offset commits.
+	MaxPollRecords int
+	// ExtraOpts are added to the client (TLS, SASL, test tuning).
+	ExtraOpts []kgo.Opt
+}
+
+// Consumer reads order events from Kafka and runs each through the inbox
+// in a local transaction (C1, C2). Offsets are committed only for records
+// whose transaction committed, so a crash at any point redelivers, and the
+// inbox absorbs, whatever was not committed.
+type Consumer struct {
+	cfg     ConsumerConfig
+	pool    *pgxpool.Pool
+	inbox   *inbox.Inbox
+	proj    *Projector
+	metrics *Metrics
+	log     *slog.Logger
+	// onApplied is called after a transaction that applied events
+	// committed; the notifier nudges its sender there.
+	onApplied func()
+
+	mu sync.Mutex
+	// done holds, per partition, the last record whose local transaction
+	// committed but whose offset is not committed yet.
+	done    map[topicPartition]*kgo.Record
+	crashed bool
+
+	// afterLocalCommit, when set, runs after a record's local transaction
+	// committed and before its offset is marked; an error stops the
+	// consumer as a crash would (tests only).
+	afterLocalCommit func(*kgo.Record) error
+}
+
+type topicPartition struct {
+	topic     string
+	partition int32
+}
+
+// errCrashed is returned by Run when a test hook simulated a crash.
+var errCrashed = errors.New("consumer crashed (simulated)")
+
+// NewConsumer returns a Consumer. onApplied may be nil.
+func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, proj *Projector, m *Metrics, log *slog.Logger, onApplied func()) *Consumer {
+	if cfg.MaxPollRecords <= 0 {
+		cfg.MaxPollRecords = 100
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	if onApplied == nil {
+		onApplied = func() {}
+	}
+	return &Consumer{cfg: cfg, pool: pool, inbox: ib, proj: proj, metrics: m, log: log, onApplied: onApplied,
+		done: map[topicPartition]*kgo.Record{}}
+}
+
+// Run consumes until ctx is cancelled, then finishes the record in hand,
+// commits the offsets of everything processed and leaves the group. It
+// never creates the topic.
+func (c *Consumer) Run(ctx context.Context) error {
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(c.cfg.Brokers...),
+		kgo.ConsumerGroup(c.cfg.Group),
+		kgo.ConsumeTopics(c.cfg.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		// Offsets are committed by hand, after the local commit (C1).
+		kgo.DisableAutoCommit(),
+		// A rebalance waits until the current batch is processed and its
+		// offsets committed, so partitions never move with work in hand.
+		kgo.BlockRebalanceOnPoll(),
+		kgo.OnPartitionsRevoked(c.onRevoked),
+		kgo.OnPartitionsLost(c.onLost),
+	}
+	if c.cfg.SessionTimeout > 0 {
+		opts = append(opts, kgo.SessionTimeout(c.cfg.SessionTimeout))
+	}
+	if c.cfg.InstanceID != "" {
+		opts = append(opts, kgo.InstanceID(c.cfg.InstanceID))
+	}
+	opts = append(opts, c.cfg.ExtraOpts...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return fmt.Errorf("create kafka consumer: %w", err)
+	}
+	defer func() {
+		cl.AllowRebalance()
+		cl.Close()
+	}()
+
+	for {
+		fetches := cl.PollRecords(ctx, c.cfg.MaxPollRecords)
+		if fetches.IsClientClosed() || ctx.Err() != nil {
+			break
+		}
+		fetches.EachError(func(topic string, p int32, err error) {
+			c.log.WarnContext(ctx, "kafka fetch error", slog.String("topic", topic), slog.Int("partition", int(p)), slog.String("error", err.Error()))
+		})
+		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+			if n := len(p.Records); n > 0 {
+				lag := p.HighWatermark - p.Records[n-1].Offset - 1
+				c.metrics.ConsumerLag.WithLabelValues(p.Topic, strconv.Itoa(int(p.Partition))).Set(float64(max(lag, 0)))
+			}
+		})
+		var stopErr error
+		fetches.EachRecord(func(r *kgo.Record) {
+			if stopErr != nil {
+				return
+			}
+			stopErr = c.processWithRetry(ctx, r)
+		})
+		if errors.Is(stopErr, errCrashed) {
+			return stopErr
+		}
+		c.commitDone(ctx, cl)
+		cl.AllowRebalance()
+		if stopErr != nil {
+			break // stopping while a record was being retried
+		}
+	}
+	c.commitDone(ctx, cl)
+	return nil
+}
+
+// processWithRetry handles one record until it is processed or parked. A
+// failure (the database is down, a deadlock) is retried with backoff and
+// blocks the partition, because skipping the record would lose it. It
+// returns only when the consumer is stopping.
+func (c *Consumer) processWithRetry(ctx context.Context, r *kgo.Record) error {
+	delay := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		err := c.process(ctx, r)
+		if err == nil {
+			return nil
+		}
+		if errors.Is(err, errCrashed) {
+			return err
+		}
+		c.metrics.ConsumeErrors.Inc()
+		c.log.ErrorContext(ctx, "processing record failed; retrying", slog.String("topic", r.Topic), slog.Int("partition", int(r.Partition)),
+			slog.Int64("offset", r.Offset), slog.Int("attempt", attempt), slog.String("error", err.Error()))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 10*time.Second)
+	}
+}
+
+// process handles one record: decode, then one local transaction through
+// the inbox, then the offset is marked for commit.
+func (c *Consumer) process(ctx context.Context, r *kgo.Record) error {
+	// The local transaction is not cancelled by shutdown: it is short, and
+	// finishing it lets its offset be committed before we leave.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+
+	e, err := DecodeRecord(r)
+	if errors.Is(err, errPoison) {
+		return c.park(ctx, r, e, err)
+	}
+	log := c.log.With(e.LogAttrs()...)
+	res, err := c.inbox.Handle(ctx, c.pool, e, c.proj.Apply)
+	switch {
+	case errors.Is(err, errPoison) || errors.Is(err, inbox.ErrInvalidEvent):
+		return c.park(ctx, r, e, err)
+	case err != nil:
+		return err
+	}
+	if c.afterLocalCommit != nil {
+		if err := c.afterLocalCommit(r); err != nil {
+			c.mu.Lock()
+			c.crashed = true
+			c.mu.Unlock()
+			return fmt.Errorf("%w: %v", errCrashed, err)
+		}
+	}
+	now := time.Now()
+	for _, a := range res.Applied {
+		c.metrics.ConsumeLatency.WithLabelValues(a.Type).Observe(max(now.Sub(a.Time).Seconds(), 0))
+	}
+	switch res.Outcome {
+	case inbox.Applied:
+		log.InfoContext(ctx, "event applied", slog.Int("applied_with_held", len(res.Applied)))
+		c.onApplied()
+	case inbox.Duplicate:
+		// Redelivery returns the existing result: say what became of the
+		// email the first delivery asked for.
+		attrs := []any{slog.Int64("last_applied_version", res.LastVersion)}
+		if state, ok := c.ledgerState(ctx, e); ok {
+			attrs = append(attrs, slog.String("email_state", state))
+		}
+		log.InfoContext(ctx, "duplicate event acknowledged", attrs...)
+	}
+	c.markDone(r)
+	return nil
+}
+
+func (c *Consumer) ledgerState(ctx context.Context, e inbox.Event) (string, bool) {
+	row, err := notifydb.New(c.pool).EmailSendGet(ctx, OperationKey(e.ID))
+	return row.State, err == nil
+}
+
+func (c *Consumer) park(ctx context.Context, r *kgo.Record, e inbox.Event, reason error) error {
+	rec := inbox.Record{Source: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value, Reason: reason.Error()}
+	for _, h := range r.Headers {
+		rec.Headers = append(rec.Headers, inbox.NewHeader(h.Key, h.Value))
+		if h.Key == hdrID {
+			rec.EventID = string(h.Value)
+		}
+	}
+	stored, err := inbox.ParkRecord(ctx, c.pool, rec)
+	if err != nil {
+		return err
+	}
+	if stored {
+		c.metrics.ParkedRecords.Inc()
+	}
+	c.log.ErrorContext(ctx, "poison record parked; its offset will be committed",
+		slog.String("topic", r.Topic), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset),
+		slog.String("event_id", rec.EventID), slog.String("aggregate_id", e.AggregateID),
+		slog.Int64("aggregate_version", e.AggregateVersion), slog.String("reason", reason.Error()))
+	c.markDone(r)
+	return nil
+}
+
+func (c *Consumer) markDone(r *kgo.Record) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.done[topicPartition{r.Topic, r.Partition}] = r
+}
+
+// commitDone commits the offsets of processed records. A failed commit is
+// retried with the next batch (or on revoke); meanwhile the records stay
+// processed and a redelivery would be a duplicate.
+func (c *Consumer) commitDone(ctx context.Context, cl *kgo.Client) {
+	c.commit(ctx, cl, func(topicPartition) bool { return true })
+}
+
+func (c *Consumer) commit(ctx context.Context, cl *kgo.Client, want func(topicPartition) bool) {
+	c.mu.Lock()
+	if c.crashed {
+		c.mu.Unlock()
+		return
+	}
+	var recs []*kgo.Record
+	for tp, r := range c.done {
+		if want(tp) {
+			recs = append(recs, r)
+		}
+	}
+	c.mu.Unlock()
+	if len(recs) == 0 {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := cl.CommitRecords(cctx, recs...); err != nil {
+		c.log.WarnContext(ctx, "offset commit failed; will retry (records already processed are duplicates if redelivered)",
+			slog.String("error", err.Error()))
+		return
+	}
+	c.mu.Lock()
+	for _, r := range recs {
+		tp := topicPartition{r.Topic, r.Partition}
+		if c.done[tp] == r {
+			delete(c.done, tp)
+		}
+	}
+	c.mu.Unlock()
+}
+
+// onRevoked commits what was processed on the partitions being taken away,
+// so their next owner starts after it instead of redoing it.
+func (c *Consumer) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	c.commit(ctx, cl, func(tp topicPartition) bool {
+		for _, p := range revoked[tp.topic] {
+			if p == tp.partition {
+				return true
+			}
+		}
+		return false
+	})
+	c.forget(revoked)
+}
+
+// onLost drops the bookkeeping of partitions lost without a chance to
+// commit; their next owner redelivers, and the inbox absorbs it.
+func (c *Consumer) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	c.forget(lost)
+}
+
+func (c *Consumer) forget(parts map[string][]int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for t, ps := range parts {
+		for _, p := range ps {
+			delete(c.done, topicPartition{t, p})
+		}
+	}
+}

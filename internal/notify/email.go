@@ -1,0 +1,131 @@
+package notify
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"mime"
+	"mime/quotedprintable"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxref/orders/internal/notify/notifydb"
+)
+
+// messageIDDomain is the right-hand side of every Message-ID the notifier
+// generates. Together with the event id it makes the Message-ID globally
+// unique and stable across resends.
+const messageIDDomain = "notifier.outboxref"
+
+// OperationKey is the send ledger's key for the email caused by an event:
+// derived from the event id, so a redelivered event maps to the same row.
+func OperationKey(eventID uuid.UUID) string { return eventID.String() + "@" + messageIDDomain }
+
+// MessageID is the Message-ID header of the email caused by an event. A
+// resend carries the same one, so receivers that deduplicate on it show
+// the email once.
+func MessageID(eventID uuid.UUID) string { return "<" + OperationKey(eventID) + ">" }
+
+// Ledger states (C4).
+const (
+	StatePending = "pending"
+	StateSending = "sending"
+	StateSent    = "sent"
+	StateUnknown = "unknown"
+	StateFailed  = "failed"
+)
+
+// emailIntent is an email the notifier has decided to send.
+type emailIntent struct {
+	EventID   uuid.UUID
+	OrderID   uuid.UUID
+	EventType string
+	Recipient string
+	Subject   string
+	Body      string
+}
+
+// enqueueEmail writes the intent as a pending ledger row in the caller's
+// transaction. If the row exists (the event came back), the existing row
+// and its state are returned unchanged: redelivery returns the original
+// result rather than a second email.
+func enqueueEmail(ctx context.Context, q *notifydb.Queries, m emailIntent) (notifydb.EmailSend, error) {
+	row, err := q.EmailSendInsert(ctx, notifydb.EmailSendInsertParams{
+		OperationKey: OperationKey(m.EventID), EventID: m.EventID, MessageID: MessageID(m.EventID),
+		OrderID: m.OrderID, EventType: m.EventType, Recipient: m.Recipient, Subject: m.Subject, Body: m.Body,
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		row, err = q.EmailSendGet(ctx, OperationKey(m.EventID))
+	}
+	if err != nil {
+		return notifydb.EmailSend{}, fmt.Errorf("write email intent: %w", err)
+	}
+	return row, nil
+}
+
+func shortID(id uuid.UUID) string { return id.String()[:8] }
+
+func money(cents int64, currency string) string {
+	sign := ""
+	if cents < 0 {
+		sign, cents = "-", -cents
+	}
+	return fmt.Sprintf("%s%d.%02d %s", sign, cents/100, cents%100, currency)
+}
+
+func placedEmail(id uuid.UUID, p *placedPayload) (subject, body string) {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Hello,\n\nthank you for your order %s. We have received it.\n\n", id)
+	for _, it := range p.Items {
+		fmt.Fprintf(&b, "  %d x %s at %s\n", it.Quantity, it.SKU, money(it.UnitPriceCents, p.Currency))
+	}
+	fmt.Fprintf(&b, "\nTotal: %s\n", money(*p.TotalCents, p.Currency))
+	return fmt.Sprintf("Order %s received", shortID(id)), b.String()
+}
+
+func paidEmail(id uuid.UUID, p *paidPayload) (subject, body string) {
+	amount := ""
+	if p.TotalCents != nil && p.Currency != "" {
+		amount = " of " + money(*p.TotalCents, p.Currency)
+	}
+	return fmt.Sprintf("Payment received for order %s", shortID(id)),
+		fmt.Sprintf("Hello,\n\nwe received your payment%s for order %s.\n", amount, id)
+}
+
+func cancelledEmail(id uuid.UUID, p *cancelledPayload) (subject, body string) {
+	body = fmt.Sprintf("Hello,\n\nyour order %s has been cancelled.\n", id)
+	if p.PreviousStatus == "paid" {
+		body += "Your payment will be refunded.\n"
+	}
+	return fmt.Sprintf("Order %s cancelled", shortID(id)), body
+}
+
+func shippedEmail(id uuid.UUID) (subject, body string) {
+	return fmt.Sprintf("Order %s shipped", shortID(id)),
+		fmt.Sprintf("Hello,\n\nyour order %s is on its way.\n", id)
+}
+
+// buildMessage renders a ledger row as an RFC 5322 message. Every header
+// comes from the row, so a resend is byte for byte the same email.
+func buildMessage(from string, row notifydb.EmailSend) []byte {
+	var b bytes.Buffer
+	h := func(k, v string) { fmt.Fprintf(&b, "%s: %s\r\n", k, v) }
+	h("From", from)
+	h("To", row.Recipient)
+	h("Subject", mime.QEncoding.Encode("utf-8", row.Subject))
+	h("Date", row.CreatedAt.UTC().Format(time.RFC1123Z))
+	h("Message-ID", row.MessageID)
+	h("X-Event-ID", row.EventID.String())
+	h("MIME-Version", "1.0")
+	h("Content-Type", "text/plain; charset=utf-8")
+	h("Content-Transfer-Encoding", "quoted-printable")
+	b.WriteString("\r\n")
+	qp := quotedprintable.NewWriter(&b)
+	_, _ = qp.Write([]byte(strings.ReplaceAll(row.Body, "\n", "\r\n")))
+	_ = qp.Close()
+	return b.Bytes()
+}

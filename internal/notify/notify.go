@@ -1,0 +1,168 @@
+// Package notify is the order notifier: it consumes the orders service's
+// events, keeps a projection of each order, and emails the customer once
+// per order.placed, order.paid, order.cancelled and order.shipped.
+//
+// It is the downstream half of the outbox pattern and closes the windows
+// that remain after the relay: an event delivered twice (the inbox, package
+// inbox, absorbs it in the same local transaction as the projection and the
+// email intent, C2), events out of order or missing (held, then resynced
+// from the orders API, C3), a crash between the local commit and the offset
+// commit (offsets are committed only after the local commit, C1, and the
+// redelivery is a duplicate), and the non-idempotent email itself: the
+// intent is a send-ledger row keyed by the event id, sent later outside any
+// transaction, with 'unknown' for a send whose outcome was lost (C4).
+package notify
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxref/orders/internal/inbox"
+)
+
+// Config is everything the notifier's workers need.
+type Config struct {
+	Consumer ConsumerConfig
+	Sender   SenderConfig
+	Mailer   Mailer
+	// Orders resolves gaps: the orders API client.
+	Orders *OrdersClient
+	// GapWindow is how long a gap is held before a resync.
+	GapWindow time.Duration
+	// ResyncInterval is how often overdue gaps are looked for.
+	ResyncInterval time.Duration
+	// ProcessedEventTTL is the inbox retention (checked against C5 by the
+	// caller before start-up).
+	ProcessedEventTTL time.Duration
+	CleanupInterval   time.Duration
+	CleanupBatch      int
+	// StatsInterval is how often gauges are refreshed from the database.
+	StatsInterval time.Duration
+	Registerer    prometheus.Registerer
+	Logger        *slog.Logger
+}
+
+// Service wires the notifier's workers: the consumer, the email sender, the
+// gap resync loop and the maintenance loop (retention cleanup, gauges).
+type Service struct {
+	cfg       Config
+	pool      *pgxpool.Pool
+	log       *slog.Logger
+	Inbox     *inbox.Inbox
+	Metrics   *Metrics
+	Projector *Projector
+	Sender    *Sender
+	Consumer  *Consumer
+}
+
+// NewService builds the workers and registers their metrics.
+func NewService(pool *pgxpool.Pool, cfg Config) (*Service, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	ib, err := inbox.New(inbox.Config{GapWindow: cfg.GapWindow, ResyncRetry: cfg.GapWindow, Registerer: cfg.Registerer, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	ib.Metrics().InitEventTypes(EventTypes...)
+	m, err := NewMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, pool: pool, log: cfg.Logger, Inbox: ib, Metrics: m}
+	s.Projector = NewProjector(cfg.Logger)
+	s.Sender = NewSender(pool, cfg.Mailer, cfg.Sender, m, cfg.Logger)
+	s.Consumer = NewConsumer(cfg.Consumer, pool, ib, s.Projector, m, cfg.Logger, s.Sender.Nudge)
+	return s, nil
+}
+
+// Run runs every worker until ctx is cancelled, then stops them in order:
+// the consumer first (it finishes the record in hand and commits its
+// offsets), then the resync and maintenance loops, then the sender (it
+// finishes the email in flight). An error of the consumer stops the rest.
+func (s *Service) Run(ctx context.Context) error {
+	consumerErr := make(chan error, 1)
+	go func() { consumerErr <- s.Consumer.Run(ctx) }()
+
+	bgCtx, stopBg := context.WithCancel(context.WithoutCancel(ctx))
+	senderCtx, stopSender := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBg()
+	defer stopSender()
+	var bg, sender sync.WaitGroup
+	bg.Go(func() { s.resyncLoop(bgCtx) })
+	bg.Go(func() { s.maintenanceLoop(bgCtx) })
+	sender.Go(func() { _ = s.Sender.Run(senderCtx) })
+
+	err := <-consumerErr
+	stopBg()
+	bg.Wait()
+	stopSender()
+	sender.Wait()
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return nil
+}
+
+func (s *Service) resyncLoop(ctx context.Context) {
+	rs := inbox.Resync{Fetch: s.cfg.Orders.Fetch, ApplySnapshot: s.Projector.ApplySnapshot, Apply: s.Projector.Apply}
+	t := time.NewTicker(s.cfg.ResyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		applied, err := s.Inbox.ResyncDue(ctx, s.pool, rs, 100)
+		if err != nil && ctx.Err() == nil {
+			s.log.ErrorContext(ctx, "gap resync pass failed", slog.String("error", err.Error()))
+		}
+		if len(applied) > 0 {
+			s.Sender.Nudge()
+		}
+	}
+}
+
+func (s *Service) maintenanceLoop(ctx context.Context) {
+	stats := time.NewTicker(s.cfg.StatsInterval)
+	defer stats.Stop()
+	cleanup := time.NewTicker(s.cfg.CleanupInterval)
+	defer cleanup.Stop()
+	s.refreshStats(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-stats.C:
+			s.refreshStats(ctx)
+		case <-cleanup.C:
+			n, err := s.Inbox.Cleanup(ctx, s.pool, s.cfg.ProcessedEventTTL, s.cfg.CleanupBatch)
+			if err != nil && ctx.Err() == nil {
+				s.log.ErrorContext(ctx, "processed_event cleanup failed", slog.String("error", err.Error()))
+			} else if n > 0 {
+				s.log.InfoContext(ctx, "processed_event cleanup", slog.Int64("deleted", n), slog.Duration("ttl", s.cfg.ProcessedEventTTL))
+			}
+		}
+	}
+}
+
+func (s *Service) refreshStats(ctx context.Context) {
+	st, err := s.Inbox.RefreshStats(ctx, s.pool)
+	if err == nil {
+		s.Metrics.ParkedRecords.Set(float64(st.ParkedRecords))
+		err = RefreshLedgerStats(ctx, s.pool, s.Metrics)
+	}
+	if err != nil && ctx.Err() == nil {
+		s.log.WarnContext(ctx, "refresh gauges failed", slog.String("error", err.Error()))
+	}
+}
