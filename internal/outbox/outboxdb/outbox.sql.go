@@ -7,9 +7,222 @@ package outboxdb
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
+
+const outboxBlockedAggregates = `-- name: OutboxBlockedAggregates :many
+SELECT h.event_type, count(*)::bigint AS blocked
+FROM (SELECT DISTINCT ON (p.aggregate_type, p.aggregate_id) p.event_type
+      FROM outbox p
+      WHERE p.state = 'parked'
+        AND EXISTS (SELECT 1
+                    FROM outbox l
+                    WHERE l.aggregate_type = p.aggregate_type
+                      AND l.aggregate_id = p.aggregate_id
+                      AND l.aggregate_version > p.aggregate_version
+                      AND l.state = 'pending'
+                      AND NOT (l.event_type = ANY ($1::text[])))
+      ORDER BY p.aggregate_type, p.aggregate_id, p.aggregate_version) h
+GROUP BY h.event_type
+`
+
+type OutboxBlockedAggregatesRow struct {
+	EventType string
+	Blocked   int64
+}
+
+// Aggregates whose earliest parked event holds back at least one later
+// pending strict event (R6: a parked head blocks its aggregate and must be
+// visible), counted by the parked head's event type.
+func (q *Queries) OutboxBlockedAggregates(ctx context.Context, independentTypes []string) ([]OutboxBlockedAggregatesRow, error) {
+	rows, err := q.db.Query(ctx, outboxBlockedAggregates, independentTypes)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []OutboxBlockedAggregatesRow{}
+	for rows.Next() {
+		var i OutboxBlockedAggregatesRow
+		if err := rows.Scan(&i.EventType, &i.Blocked); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const outboxClaim = `-- name: OutboxClaim :many
+WITH due AS (
+    SELECT o.event_id
+    FROM outbox o
+    WHERE o.state = 'pending'
+      AND o.next_attempt_at <= now()
+      AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
+      AND (o.event_type = ANY ($4::text[])
+           OR NOT EXISTS (
+               SELECT 1
+               FROM outbox e
+               WHERE e.aggregate_type = o.aggregate_type
+                 AND e.aggregate_id = o.aggregate_id
+                 AND e.aggregate_version < o.aggregate_version
+                 AND e.state <> 'delivered'))
+    ORDER BY o.next_attempt_at, o.created_at, o.aggregate_version
+    LIMIT $5::integer
+    FOR UPDATE OF o SKIP LOCKED
+)
+UPDATE outbox o
+SET lease_owner      = $1::text,
+    lease_token      = $2::uuid,
+    lease_expires_at = now() + make_interval(secs => $3::double precision)
+FROM due
+WHERE o.event_id = due.event_id
+RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
+          o.event_type, o.schema_version, o.payload, o.traceparent, o.created_at,
+          o.attempts, o.next_attempt_at, o.lease_expires_at::timestamptz AS lease_expires_at
+`
+
+type OutboxClaimParams struct {
+	LeaseOwner       string
+	LeaseToken       uuid.UUID
+	LeaseSeconds     float64
+	IndependentTypes []string
+	BatchSize        int32
+}
+
+type OutboxClaimRow struct {
+	EventID          uuid.UUID
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	SchemaVersion    int32
+	Payload          []byte
+	Traceparent      *string
+	CreatedAt        time.Time
+	Attempts         int32
+	NextAttemptAt    time.Time
+	LeaseExpiresAt   time.Time
+}
+
+// Leases up to batch_size due events to one relay in a short transaction
+// (R1). SKIP LOCKED lets N relays claim disjoint rows without waiting on
+// each other; the lease (owner, fresh token, expiry) is what makes the claim
+// survive the commit, so no lock is held while the relay talks to the broker.
+//
+// Due: pending, next_attempt_at reached (backoff is stored in the row, so it
+// holds for every relay, R4), and not leased or the lease expired (the
+// holder crashed or stalled, R3).
+//
+// Strict ordering (R6): an event whose type is not listed as independent is
+// claimable only when no earlier version of its aggregate is undelivered,
+// whatever the state of that earlier row: pending, leased by anyone (even
+// with an expired lease) or parked. Unknown types count as strict, the safe
+// side. At most one strict version per aggregate is in flight at any time.
+//
+// Order is explicit (R6): due time, then age, then aggregate version. For
+// rows that never failed next_attempt_at is their insert time, so this is
+// oldest first; it matches outbox_pending_due_idx and stops early under a
+// LIMIT. Within an aggregate the strict guard, not this order, decides.
+func (q *Queries) OutboxClaim(ctx context.Context, arg OutboxClaimParams) ([]OutboxClaimRow, error) {
+	rows, err := q.db.Query(ctx, outboxClaim,
+		arg.LeaseOwner,
+		arg.LeaseToken,
+		arg.LeaseSeconds,
+		arg.IndependentTypes,
+		arg.BatchSize,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []OutboxClaimRow{}
+	for rows.Next() {
+		var i OutboxClaimRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateVersion,
+			&i.EventType,
+			&i.SchemaVersion,
+			&i.Payload,
+			&i.Traceparent,
+			&i.CreatedAt,
+			&i.Attempts,
+			&i.NextAttemptAt,
+			&i.LeaseExpiresAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const outboxConfirm = `-- name: OutboxConfirm :many
+UPDATE outbox o
+SET state            = 'delivered',
+    broker_partition = d.broker_partition,
+    broker_offset    = d.broker_offset,
+    delivered_at     = now(),
+    lease_owner      = NULL,
+    lease_token      = NULL,
+    lease_expires_at = NULL
+FROM (SELECT unnest($2::uuid[])        AS event_id,
+             unnest($3::integer[])    AS broker_partition,
+             unnest($4::bigint[])        AS broker_offset) d
+WHERE o.event_id = d.event_id
+  AND o.lease_token = $1::uuid
+  AND o.state = 'pending'
+RETURNING o.event_id
+`
+
+type OutboxConfirmParams struct {
+	LeaseToken uuid.UUID
+	EventIDs   []uuid.UUID
+	Partitions []int32
+	Offsets    []int64
+}
+
+// Marks events delivered after the broker acknowledged them (R2), in one
+// statement for the whole batch. The lease token fences the update: a relay
+// whose lease expired and whose rows were claimed again holds a stale token
+// and matches nothing, so it can neither mark the successor's claim
+// delivered nor overwrite its partition and offset. Rows that are not
+// returned were lost; the caller logs and counts them and never retries.
+// Partition and offset are for tracing only, never a version.
+func (q *Queries) OutboxConfirm(ctx context.Context, arg OutboxConfirmParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, outboxConfirm,
+		arg.LeaseToken,
+		arg.EventIDs,
+		arg.Partitions,
+		arg.Offsets,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var event_id uuid.UUID
+		if err := rows.Scan(&event_id); err != nil {
+			return nil, err
+		}
+		items = append(items, event_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
 
 const outboxInsert = `-- name: OutboxInsert :exec
 INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version,
@@ -47,4 +260,118 @@ func (q *Queries) OutboxInsert(ctx context.Context, arg OutboxInsertParams) erro
 		arg.Traceparents,
 	)
 	return err
+}
+
+const outboxRelease = `-- name: OutboxRelease :many
+UPDATE outbox o
+SET state            = r.state,
+    attempts         = o.attempts + 1,
+    last_error_class = r.error_class,
+    last_error       = left(r.error_text, 1024),
+    next_attempt_at  = now() + make_interval(secs => r.delay_seconds),
+    lease_owner      = NULL,
+    lease_token      = NULL,
+    lease_expires_at = NULL
+FROM (SELECT unnest($2::uuid[])            AS event_id,
+             unnest($3::text[])               AS state,
+             unnest($4::text[])        AS error_class,
+             unnest($5::text[])          AS error_text,
+             unnest($6::double precision[]) AS delay_seconds) r
+WHERE o.event_id = r.event_id
+  AND o.lease_token = $1::uuid
+  AND o.state = 'pending'
+RETURNING o.event_id
+`
+
+type OutboxReleaseParams struct {
+	LeaseToken    uuid.UUID
+	EventIDs      []uuid.UUID
+	States        []string
+	ErrorClasses  []string
+	ErrorTexts    []string
+	DelaysSeconds []float64
+}
+
+// Gives leased events back after anything but an acknowledgement, in one
+// statement for the whole batch, fenced by the lease token like the confirm:
+//   - a transient failure (unknown outcome, R3) stays pending with the
+//     retry bookkeeping of R4: attempts+1, error class and bounded text, and
+//     next_attempt_at pushed out by the caller's backoff;
+//   - a deterministic failure (R5) is parked with its reason;
+//   - a relay stopping (R9) releases with no delay so a successor can claim
+//     at once instead of waiting for the lease to expire.
+//
+// last_error is cut to the CHECK's 1024 characters here as well as in Go.
+func (q *Queries) OutboxRelease(ctx context.Context, arg OutboxReleaseParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, outboxRelease,
+		arg.LeaseToken,
+		arg.EventIDs,
+		arg.States,
+		arg.ErrorClasses,
+		arg.ErrorTexts,
+		arg.DelaysSeconds,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var event_id uuid.UUID
+		if err := rows.Scan(&event_id); err != nil {
+			return nil, err
+		}
+		items = append(items, event_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const outboxStats = `-- name: OutboxStats :many
+SELECT event_type,
+       (count(*) FILTER (WHERE state = 'pending'))::bigint AS pending,
+       (count(*) FILTER (WHERE state = 'parked'))::bigint  AS parked,
+       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::double precision
+           AS oldest_pending_age_seconds
+FROM outbox
+WHERE state <> 'delivered'
+GROUP BY event_type
+`
+
+type OutboxStatsRow struct {
+	EventType               string
+	Pending                 int64
+	Parked                  int64
+	OldestPendingAgeSeconds float64
+}
+
+// Backlog per event type for the metrics collector (O1), computed from the
+// table at scrape time so that a stopped relay shows a growing age rather
+// than a flattering zero. Reads only undelivered rows, through the partial
+// index outbox_undelivered_aggregate_idx.
+func (q *Queries) OutboxStats(ctx context.Context) ([]OutboxStatsRow, error) {
+	rows, err := q.db.Query(ctx, outboxStats)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []OutboxStatsRow{}
+	for rows.Next() {
+		var i OutboxStatsRow
+		if err := rows.Scan(
+			&i.EventType,
+			&i.Pending,
+			&i.Parked,
+			&i.OldestPendingAgeSeconds,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

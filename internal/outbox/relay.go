@@ -1,0 +1,456 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultBatchSize    = 100
+	DefaultLease        = 30 * time.Second
+	DefaultPollInterval = time.Second
+	DefaultBackoffBase  = 500 * time.Millisecond
+	DefaultBackoffCap   = 5 * time.Minute
+	// DefaultMaxMessageBytes is franz-go's default batch limit, just under
+	// the broker's default message.max.bytes (1,048,588).
+	DefaultMaxMessageBytes = 1_000_012
+	// maxDrainTimeout bounds how long a stopping relay waits for answers
+	// to records already sent before it releases their leases.
+	maxDrainTimeout = 5 * time.Second
+	// dbTimeout bounds each claim, confirm and release statement. They are
+	// short by design; a database that cannot answer in this time is down.
+	dbTimeout = 10 * time.Second
+)
+
+// Config configures a Relay. Durations left zero take the defaults above.
+type Config struct {
+	// Pool is the database that holds the outbox table.
+	Pool *pgxpool.Pool
+	// Kafka holds the options that reach the cluster (seed brokers, TLS,
+	// SASL, logger), e.g. from kafkaconf. The relay adds its producer
+	// settings after them and owns the client it builds: Run creates it,
+	// flushes it and closes it.
+	Kafka []kgo.Opt
+	// Topic receives every event; the record key is the aggregate id, so
+	// one aggregate's events share a partition.
+	Topic string
+	// Source is the CloudEvents source attribute (ce_source), a
+	// URI-reference naming the producing service, e.g. "urn:outboxref:orders".
+	Source string
+	// Types lists the event types this relay may send, with their
+	// ordering policy and JSON Schemas. Rows of other types are parked.
+	Types []EventType
+	// Owner is written to lease_owner; it must differ between relay
+	// instances and process restarts. DefaultOwner() when empty.
+	Owner string
+
+	// BatchSize is the most rows one claim leases.
+	BatchSize int
+	// Lease is how long a claim protects its rows. A relay that dies keeps
+	// its rows away from others for at most this long.
+	Lease time.Duration
+	// ProduceTimeout is the deadline of each send, measured from the start
+	// of the claim; it defaults to and may not exceed Lease/2 (R5a), so a
+	// send never outlives the lease that protects it.
+	ProduceTimeout time.Duration
+	// PollInterval bounds the time between claims when idle; Nudge claims
+	// at once.
+	PollInterval time.Duration
+	// BackoffBase and BackoffCap bound the retry delay of a failed event:
+	// base·2^(attempts-1), at most the cap, with jitter (R4).
+	BackoffBase time.Duration
+	BackoffCap  time.Duration
+	// DrainTimeout is how long Run waits, once stopped, for the broker to
+	// answer records already sent, before it releases their leases.
+	// Defaults to ProduceTimeout, at most 5s.
+	DrainTimeout time.Duration
+	// MaxMessageBytes is the largest record batch the producer builds; set
+	// it to the topic's max.message.bytes. A single record above it is
+	// parked as message_too_large.
+	MaxMessageBytes int
+
+	// Logger receives structured logs; slog.Default() when nil.
+	Logger *slog.Logger
+	// Registerer receives the relay's metrics and the StatsCollector; nil
+	// registers nothing.
+	Registerer prometheus.Registerer
+	// Hooks stop the relay at its crash windows in tests; zero in
+	// production.
+	Hooks Hooks
+}
+
+// Relay delivers outbox rows to Kafka: it leases due rows in a short
+// transaction, sends them with the idempotent producer, and confirms each
+// row, fenced by its lease token, only after the broker acknowledged it.
+// Any number of relays, in any number of processes, may run against one
+// database.
+//
+// Delivery is at least once. A relay can die after the broker stored a
+// record and before the row was confirmed; the successor sends the row
+// again with the same event_id, and consumers deduplicate on it.
+type Relay struct {
+	cfg        Config
+	types      *eventTypes
+	clientOpts []kgo.Opt
+	metrics    *relayMetrics
+	log        *slog.Logger
+
+	nudge   chan struct{}
+	started atomic.Bool
+	rounds  atomic.Int64 // claims made, successful or not; for tests
+}
+
+// DefaultOwner returns a lease owner unique to this process start:
+// host, pid and a random suffix, so that a restarted process on the same
+// host is a new owner.
+func DefaultOwner() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + uuid.NewString()[:8]
+}
+
+// NewRelay checks cfg, compiles the event types' JSON Schemas and
+// registers the metrics. The relay does nothing until Run.
+func NewRelay(cfg Config) (*Relay, error) {
+	if cfg.Pool == nil {
+		return nil, errors.New("outbox relay: Pool is required")
+	}
+	if cfg.Topic == "" {
+		return nil, errors.New("outbox relay: Topic is required")
+	}
+	if cfg.Source == "" {
+		return nil, errors.New("outbox relay: Source (ce_source) is required")
+	}
+	types, err := compileTypes(cfg.Types)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: %w", err)
+	}
+	if cfg.Owner == "" {
+		cfg.Owner = DefaultOwner()
+	}
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
+	cfg.ProduceTimeout = cmp.Or(cfg.ProduceTimeout, cfg.Lease/2)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
+	cfg.BackoffBase = cmp.Or(cfg.BackoffBase, DefaultBackoffBase)
+	cfg.BackoffCap = cmp.Or(cfg.BackoffCap, DefaultBackoffCap)
+	cfg.DrainTimeout = cmp.Or(cfg.DrainTimeout, min(cfg.ProduceTimeout, maxDrainTimeout))
+	cfg.MaxMessageBytes = cmp.Or(cfg.MaxMessageBytes, DefaultMaxMessageBytes)
+	switch {
+	case cfg.BatchSize < 1 || cfg.BatchSize > 10_000:
+		return nil, fmt.Errorf("outbox relay: BatchSize %d, want 1 to 10000", cfg.BatchSize)
+	case cfg.Lease < 0 || cfg.ProduceTimeout < 0 || cfg.PollInterval < 0 || cfg.BackoffBase < 0 || cfg.DrainTimeout < 0:
+		return nil, errors.New("outbox relay: durations must be positive")
+	case cfg.ProduceTimeout > cfg.Lease/2:
+		return nil, fmt.Errorf("outbox relay: ProduceTimeout %s exceeds half the lease (%s): a send could outlive its lease (R5a)", cfg.ProduceTimeout, cfg.Lease/2)
+	case cfg.BackoffCap < cfg.BackoffBase:
+		return nil, fmt.Errorf("outbox relay: BackoffCap %s is below BackoffBase %s", cfg.BackoffCap, cfg.BackoffBase)
+	case cfg.MaxMessageBytes < 512 || cfg.MaxMessageBytes > 1<<30:
+		return nil, fmt.Errorf("outbox relay: MaxMessageBytes %d, want 512 to 1GiB", cfg.MaxMessageBytes)
+	}
+
+	opts := append(slices.Clone(cfg.Kafka), producerOptions(cfg)...)
+	if err := kgo.ValidateOpts(opts...); err != nil {
+		return nil, fmt.Errorf("outbox relay: kafka client options: %w", err)
+	}
+
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	r := &Relay{
+		cfg:        cfg,
+		types:      types,
+		clientOpts: opts,
+		metrics:    newRelayMetrics(),
+		log:        log.With("component", "outbox_relay", "lease_owner", cfg.Owner),
+		nudge:      make(chan struct{}, 1),
+	}
+	cs := append(r.metrics.collectors(), NewStatsCollector(cfg.Pool, cfg.Types, log))
+	if err := register(cfg.Registerer, cs...); err != nil {
+		return nil, fmt.Errorf("outbox relay: register metrics: %w", err)
+	}
+	return r, nil
+}
+
+// producerOptions are the producer guarantees the relay relies on. They
+// come after the caller's options so that they win.
+func producerOptions(cfg Config) []kgo.Opt {
+	return []kgo.Opt{
+		kgo.DefaultProduceTopic(cfg.Topic),
+		// R7: acks from every in-sync replica. Idempotence is franz-go's
+		// default and is kept: the client's own retries never duplicate.
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		// R5a: franz-go waits forever by default, and refuses to give up on
+		// a record whose request may have reached the broker. The relay
+		// needs the opposite: a send must end before its lease does, and
+		// a record that might have been stored is simply re-sent later
+		// with the same event_id, which consumers deduplicate.
+		kgo.AllowIdempotentProduceCancellation(),
+		kgo.RecordDeliveryTimeout(cfg.ProduceTimeout),
+		kgo.ProduceRequestTimeout(cfg.ProduceTimeout),
+		kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes)),
+		// The key picks the partition with Kafka's murmur2 hash, so every
+		// relay (and any Java producer) maps an aggregate to the same
+		// partition, which is what per-aggregate order needs.
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+	}
+}
+
+// Nudge asks the relay to claim now instead of at the next poll (R8). The
+// API calls it right after a commit that wrote outbox rows. It never
+// blocks, and nudges that arrive while one is pending coalesce. Calling it
+// on a nil Relay (relay disabled) does nothing.
+func (r *Relay) Nudge() {
+	if r == nil {
+		return
+	}
+	select {
+	case r.nudge <- struct{}{}:
+	default:
+	}
+}
+
+// Owner returns the relay's lease owner.
+func (r *Relay) Owner() string { return r.cfg.Owner }
+
+// Run delivers events until ctx is cancelled, then stops gracefully (R9):
+// it claims nothing more, waits up to DrainTimeout for answers to records
+// already sent, confirms what was acknowledged, releases every other lease
+// with no delay so a successor claims those rows at once, then flushes and
+// closes its Kafka client. It returns nil after a graceful stop.
+//
+// Database and broker errors are logged and retried; they do not end Run.
+// Run returns an error only if the Kafka client cannot be created or a hook
+// stopped it (in which case nothing is released or flushed, as in a
+// crash). Run may be called once.
+func (r *Relay) Run(ctx context.Context) (err error) {
+	if !r.started.CompareAndSwap(false, true) {
+		return errors.New("outbox relay: Run called twice")
+	}
+	cl, err := kgo.NewClient(r.clientOpts...)
+	if err != nil {
+		return fmt.Errorf("outbox relay: create kafka client: %w", err)
+	}
+	crashed := false
+	defer func() {
+		if !crashed {
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.DrainTimeout)
+			if ferr := cl.Flush(fctx); ferr != nil {
+				r.log.WarnContext(fctx, "flush kafka producer on stop", "error", ferr)
+			}
+			cancel()
+		}
+		cl.Close()
+	}()
+
+	r.log.InfoContext(ctx, "outbox relay started",
+		"topic", r.cfg.Topic, "batch_size", r.cfg.BatchSize, "lease", r.cfg.Lease,
+		"produce_timeout", r.cfg.ProduceTimeout, "poll_interval", r.cfg.PollInterval)
+	wait := time.NewTimer(0) // claim at once: rows may be waiting from before a restart
+	defer wait.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.log.InfoContext(context.WithoutCancel(ctx), "outbox relay stopped")
+			return nil
+		case <-wait.C:
+		case <-r.nudge:
+		}
+		if ctx.Err() != nil {
+			continue // stop claiming; the select above returns
+		}
+		n, err := r.cycle(ctx, cl)
+		var he *hookError
+		if errors.As(err, &he) {
+			crashed = true
+			return err
+		}
+		next := r.cfg.PollInterval
+		if err != nil {
+			r.log.ErrorContext(ctx, "outbox relay cycle failed; retrying after the poll interval", "error", err)
+		} else if n == r.cfg.BatchSize {
+			next = 0 // a full batch: more rows are probably due
+		}
+		wait.Reset(next)
+	}
+}
+
+// leased is a claimed row with what the relay needs to send it.
+type leased struct {
+	Claim
+	payload     []byte
+	traceparent string
+}
+
+// cycle claims one batch, sends it and settles it. It returns how many rows
+// it claimed.
+func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
+	start := time.Now()
+	batch, err := r.claim(ctx)
+	r.rounds.Add(1)
+	if err != nil || len(batch) == 0 {
+		return 0, err
+	}
+	claims := claimsOf(batch)
+	if err := callHook(ctx, r.cfg.Hooks.AfterClaim, claims); err != nil {
+		return len(batch), err
+	}
+
+	// The deadline counts from before the claim, so it ends at least
+	// Lease/2 before the lease it protects (R5a).
+	pctx, done := r.produceContext(ctx, start.Add(r.cfg.ProduceTimeout))
+	outcomes := r.publish(pctx, cl, batch)
+	done()
+	if err := callHook(ctx, r.cfg.Hooks.AfterProduce, outcomes); err != nil {
+		return len(batch), err
+	}
+
+	// Settling must happen even when ctx was cancelled meanwhile: it is
+	// what hands the rows over to a successor.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
+	confirmed, err := r.settle(sctx, batch[0].LeaseToken, outcomes)
+	if err != nil {
+		return len(batch), err
+	}
+	if err := callHook(ctx, r.cfg.Hooks.AfterConfirm, confirmed); err != nil {
+		return len(batch), err
+	}
+	return len(batch), nil
+}
+
+// produceContext returns the context of one batch's sends: detached from
+// ctx so that stopping the relay does not abandon records mid-flight,
+// bounded by the deadline, and cancelled with errShutdown if the relay
+// stops and the broker has not answered within DrainTimeout.
+func (r *Relay) produceContext(ctx context.Context, deadline time.Time) (context.Context, func()) {
+	base, cancelDeadline := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	pctx, cancel := context.WithCancelCause(base)
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(r.cfg.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel(errShutdown)
+		case <-pctx.Done():
+		}
+	})
+	return pctx, func() {
+		stop()
+		cancel(nil)
+		cancelDeadline()
+	}
+}
+
+// publish sends every claimed row that passes its checks, concurrently,
+// and waits for all answers. Rows are handed to the producer in claim
+// order; franz-go keeps that order within a partition.
+func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []Outcome {
+	outcomes := make([]Outcome, len(batch))
+	recs := make([]*kgo.Record, len(batch))
+	for i := range batch {
+		outcomes[i].Claim = batch[i].Claim
+		if class, err := r.types.check(batch[i].EventType, batch[i].SchemaVersion, batch[i].payload); err != nil {
+			outcomes[i].Err, outcomes[i].Class = err, class
+			continue
+		}
+		recs[i] = r.record(&batch[i])
+	}
+
+	var wg sync.WaitGroup
+	sent := 0
+	for i, rec := range recs {
+		if rec == nil {
+			continue
+		}
+		sent++
+		wg.Add(1)
+		r.metrics.attempts.WithLabelValues(batch[i].EventType).Inc()
+		cl.Produce(pctx, rec, func(rec *kgo.Record, err error) {
+			defer wg.Done()
+			r.setOutcome(pctx, &outcomes[i], rec, err)
+		})
+	}
+	wg.Wait()
+
+	// The broker's MESSAGE_TOO_LARGE is about a whole record batch, which
+	// the client may have filled with several of our records: an innocent
+	// small record shares the verdict of a large one. Only a record sent
+	// while nothing else is in flight can be blamed, so suspects are sent
+	// again one at a time, within the same deadline, before anything is
+	// parked.
+	if sent > 1 {
+		for i := range outcomes {
+			if recs[i] == nil || outcomes[i].Class != ClassMessageTooLarge {
+				continue
+			}
+			r.metrics.attempts.WithLabelValues(batch[i].EventType).Inc()
+			rec, err := cl.ProduceSync(pctx, r.record(&batch[i])).First()
+			outcomes[i].Err, outcomes[i].Class = nil, ""
+			r.setOutcome(pctx, &outcomes[i], rec, err)
+		}
+	}
+	return outcomes
+}
+
+func (r *Relay) setOutcome(pctx context.Context, o *Outcome, rec *kgo.Record, err error) {
+	if err != nil {
+		o.Err, o.Class = err, classifyProduce(pctx, err)
+		return
+	}
+	o.Partition, o.Offset = rec.Partition, rec.Offset
+	r.metrics.published.WithLabelValues(o.EventType).Inc()
+	r.metrics.latency.WithLabelValues(o.EventType).Observe(max(time.Since(o.CreatedAt).Seconds(), 0))
+}
+
+// record builds the Kafka record of one row (R7): key = aggregate id,
+// value = payload JSON, CloudEvents 1.0 binary-mode headers.
+func (r *Relay) record(l *leased) *kgo.Record {
+	h := []kgo.RecordHeader{
+		{Key: HeaderSpecVersion, Value: []byte("1.0")},
+		{Key: HeaderID, Value: []byte(l.EventID.String())},
+		{Key: HeaderType, Value: []byte(l.EventType)},
+		{Key: HeaderSource, Value: []byte(r.cfg.Source)},
+		{Key: HeaderSubject, Value: []byte(l.AggregateID)},
+		{Key: HeaderTime, Value: []byte(l.CreatedAt.UTC().Format(time.RFC3339Nano))},
+		{Key: HeaderContentType, Value: []byte("application/json")},
+		{Key: HeaderAggregateType, Value: []byte(l.AggregateType)},
+		{Key: HeaderAggregateVersion, Value: []byte(strconv.FormatInt(l.AggregateVersion, 10))},
+		{Key: HeaderSchemaVersion, Value: []byte(strconv.Itoa(l.SchemaVersion))},
+	}
+	if l.traceparent != "" {
+		h = append(h, kgo.RecordHeader{Key: HeaderTraceparent, Value: []byte(l.traceparent)})
+	}
+	return &kgo.Record{
+		Topic:   r.cfg.Topic,
+		Key:     []byte(l.AggregateID),
+		Value:   l.payload,
+		Headers: h,
+	}
+}
+
+func claimsOf(batch []leased) []Claim {
+	out := make([]Claim, len(batch))
+	for i := range batch {
+		out[i] = batch[i].Claim
+	}
+	return out
+}

@@ -1,0 +1,262 @@
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/orders/internal/outbox/outboxdb"
+)
+
+// claim leases up to BatchSize due rows under a fresh token, in one short
+// transaction (R1). The transaction uses its own bounded context rather
+// than ctx: a stop signal arriving mid-claim must not leave the outcome of
+// COMMIT unknown, which would strand the rows until their lease expired.
+func (r *Relay) claim(ctx context.Context) ([]leased, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
+	token := uuid.New()
+	var batch []leased
+	err := inTx(cctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		rows, err := outboxdb.New(tx).OutboxClaim(cctx, outboxdb.OutboxClaimParams{
+			LeaseOwner:       r.cfg.Owner,
+			LeaseToken:       token,
+			LeaseSeconds:     r.cfg.Lease.Seconds(),
+			IndependentTypes: r.types.independent,
+			BatchSize:        int32(r.cfg.BatchSize),
+		})
+		if err != nil {
+			return fmt.Errorf("claim outbox batch: %w", err)
+		}
+		batch = make([]leased, len(rows))
+		for i, row := range rows {
+			batch[i] = leased{
+				Claim: Claim{
+					EventID:          row.EventID,
+					AggregateType:    row.AggregateType,
+					AggregateID:      row.AggregateID,
+					AggregateVersion: row.AggregateVersion,
+					EventType:        row.EventType,
+					SchemaVersion:    int(row.SchemaVersion),
+					CreatedAt:        row.CreatedAt,
+					Attempts:         int(row.Attempts),
+					NextAttemptAt:    row.NextAttemptAt,
+					LeaseToken:       token,
+					LeaseExpiresAt:   row.LeaseExpiresAt,
+				},
+				payload: row.Payload,
+			}
+			if row.Traceparent != nil {
+				batch[i].traceparent = *row.Traceparent
+			}
+		}
+		// RETURNING does not keep the claim order; restore it so that rows
+		// reach the producer, and so each partition, in that order.
+		slices.SortFunc(batch, func(a, b leased) int {
+			return cmp.Or(a.NextAttemptAt.Compare(b.NextAttemptAt),
+				a.CreatedAt.Compare(b.CreatedAt),
+				cmp.Compare(a.AggregateVersion, b.AggregateVersion))
+		})
+		if len(batch) == 0 {
+			return nil
+		}
+		return callHook(cctx, r.cfg.Hooks.BeforeClaimCommit, claimsOf(batch))
+	})
+	if err != nil {
+		return nil, err
+	}
+	return batch, nil
+}
+
+// settle writes the outcome of one batch: a fenced confirm of every
+// acknowledged row (R2) and a fenced release of every other row, retried
+// or parked (R3-R5). It returns the claims whose confirm matched.
+func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []Outcome) ([]Claim, error) {
+	confirm := outboxdb.OutboxConfirmParams{LeaseToken: token}
+	release := outboxdb.OutboxReleaseParams{LeaseToken: token}
+	byID := make(map[uuid.UUID]*Outcome, len(outcomes))
+	var failed []*Outcome
+	for i := range outcomes {
+		o := &outcomes[i]
+		byID[o.EventID] = o
+		if o.Err == nil {
+			confirm.EventIDs = append(confirm.EventIDs, o.EventID)
+			confirm.Partitions = append(confirm.Partitions, o.Partition)
+			confirm.Offsets = append(confirm.Offsets, o.Offset)
+			continue
+		}
+		r.metrics.errors.WithLabelValues(o.EventType, string(o.Class)).Inc()
+		failed = append(failed, o)
+		state, delay := "pending", backoff(o.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffCap)
+		switch {
+		case o.Class.Parks():
+			state, delay = "parked", 0
+		case o.Class == ClassShutdown:
+			delay = 0 // our own stop, not the broker's fault: hand over at once
+		}
+		release.EventIDs = append(release.EventIDs, o.EventID)
+		release.States = append(release.States, state)
+		release.ErrorClasses = append(release.ErrorClasses, string(o.Class))
+		release.ErrorTexts = append(release.ErrorTexts, boundText(o.Err.Error()))
+		release.DelaysSeconds = append(release.DelaysSeconds, delay.Seconds())
+	}
+
+	q := outboxdb.New(r.cfg.Pool)
+	var confirmed []Claim
+	var errs []error
+	if len(confirm.EventIDs) > 0 {
+		var ids []uuid.UUID
+		err := retrySafe(ctx, func() (err error) {
+			ids, err = q.OutboxConfirm(ctx, confirm)
+			return err
+		})
+		if err != nil {
+			// The rows stay leased and are sent again after the lease
+			// expires: a duplicate, never a loss.
+			errs = append(errs, fmt.Errorf("confirm %d delivered outbox events: %w", len(confirm.EventIDs), err))
+		} else {
+			matched := make(map[uuid.UUID]bool, len(ids))
+			for _, id := range ids {
+				matched[id] = true
+			}
+			for _, id := range confirm.EventIDs {
+				o := byID[id]
+				if matched[id] {
+					confirmed = append(confirmed, o.Claim)
+					r.log.DebugContext(ctx, "outbox event delivered", outcomeAttrs(o)...)
+					continue
+				}
+				r.metrics.lostConfirms.WithLabelValues(o.EventType).Inc()
+				r.log.WarnContext(ctx, "outbox confirm matched no row: the lease was lost and another relay owns the event; it will be sent again",
+					outcomeAttrs(o)...)
+			}
+		}
+	}
+
+	if len(release.EventIDs) > 0 {
+		var ids []uuid.UUID
+		err := retrySafe(ctx, func() (err error) {
+			ids, err = q.OutboxRelease(ctx, release)
+			return err
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("release %d failed outbox events: %w", len(release.EventIDs), err))
+		} else {
+			r.logFailures(ctx, failed, ids)
+		}
+	}
+	if len(errs) > 0 {
+		return confirmed, fmt.Errorf("settle outbox batch: %w", errors.Join(errs...))
+	}
+	return confirmed, nil
+}
+
+// logFailures logs parked events one by one (they need an operator) and
+// transient failures as one summary per batch, so that a broker outage
+// does not turn into a log storm.
+func (r *Relay) logFailures(ctx context.Context, failed []*Outcome, released []uuid.UUID) {
+	matched := make(map[uuid.UUID]bool, len(released))
+	for _, id := range released {
+		matched[id] = true
+	}
+	byClass := map[ErrorClass]int{}
+	var sample *Outcome
+	for _, o := range failed {
+		attrs := append(outcomeAttrs(o), "error_class", string(o.Class))
+		switch {
+		case !matched[o.EventID]:
+			r.log.InfoContext(ctx, "outbox release matched no row: the lease was lost and another relay owns the event", attrs...)
+		case o.Class.Parks():
+			r.log.ErrorContext(ctx, "outbox event parked: it fails the same way on every attempt and waits for repair", append(attrs, "reason", safeReason(o.Err))...)
+		default:
+			byClass[o.Class]++
+			if sample == nil {
+				sample = o
+			}
+			r.log.DebugContext(ctx, "outbox event send failed; retrying after backoff", append(attrs, "error", o.Err)...)
+		}
+	}
+	if sample != nil {
+		counts := make([]any, 0, 2*len(byClass))
+		for c, n := range byClass {
+			counts = append(counts, string(c), n)
+		}
+		r.log.WarnContext(ctx, "outbox events not delivered; retrying after backoff",
+			"failed", len(failed), slog.Group("by_class", counts...), "sample_event_id", sample.EventID, "sample_error", sample.Err)
+	}
+}
+
+// outcomeAttrs are the log attributes of one event (O2): identifiers and
+// broker position, never the payload.
+func outcomeAttrs(o *Outcome) []any {
+	attrs := []any{
+		"event_id", o.EventID,
+		"event_type", o.EventType,
+		"aggregate_type", o.AggregateType,
+		"aggregate_id", o.AggregateID,
+		"aggregate_version", o.AggregateVersion,
+		"attempt", o.Attempts + 1,
+	}
+	if o.Err == nil {
+		attrs = append(attrs, "partition", o.Partition, "offset", o.Offset)
+	}
+	return attrs
+}
+
+// safeReason is the park reason for logs: a schema failure is reduced to
+// locations and keywords, since the validator's message may quote payload
+// values.
+func safeReason(err error) string {
+	if se, ok := err.(*schemaError); ok {
+		return se.Summary()
+	}
+	return err.Error()
+}
+
+// inTx runs fn in a transaction that commits if fn returns nil and rolls
+// back otherwise.
+func inTx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) (err error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin transaction: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback(context.WithoutCancel(ctx)) // the error that matters is err
+		}
+	}()
+	if err = fn(tx); err != nil {
+		return err
+	}
+	if err = tx.Commit(ctx); err != nil {
+		return fmt.Errorf("commit transaction: %w", err)
+	}
+	return nil
+}
+
+// retrySafe runs fn up to three times, but retries only errors that pgx
+// reports as raised before the statement reached the server. Retrying
+// anything else could run a confirm twice, and the second run would match
+// nothing and be misreported as a lost lease.
+func retrySafe(ctx context.Context, fn func() error) error {
+	for i := 0; ; i++ {
+		err := fn()
+		if err == nil || i == 2 || !pgconn.SafeToRetry(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(100<<i) * time.Millisecond):
+		}
+	}
+}
