@@ -203,9 +203,12 @@ func producerOptions(cfg Config) []kgo.Opt {
 		// needs the opposite: a send must end before its lease does, and
 		// a record that might have been stored is simply re-sent later
 		// with the same event_id, which consumers deduplicate.
+		// The binding deadline is the context of each batch's sends
+		// (ProduceTimeout from the claim); the client's own timeouts are a
+		// backstop, clamped to the minimums franz-go accepts (1s, 100ms).
 		kgo.AllowIdempotentProduceCancellation(),
-		kgo.RecordDeliveryTimeout(cfg.ProduceTimeout),
-		kgo.ProduceRequestTimeout(cfg.ProduceTimeout),
+		kgo.RecordDeliveryTimeout(max(cfg.ProduceTimeout, time.Second)),
+		kgo.ProduceRequestTimeout(max(cfg.ProduceTimeout, 100*time.Millisecond)),
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes)),
 		// The key picks the partition with Kafka's murmur2 hash, so every
 		// relay (and any Java producer) maps an aggregate to the same

@@ -1,0 +1,97 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/orders/internal/outbox"
+)
+
+// TestFencing: a relay whose lease expired while it was sending cannot
+// confirm over the successor's claim (R2). Its confirm matches no row, is
+// counted as lost and is not retried; the row keeps the successor's lease
+// until the successor confirms its own copy.
+func TestFencing(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ev := e.insert(t, event("fenced", 1))[0]
+
+	// The stale relay: its broker acknowledgement arrives, then it stalls
+	// (GC pause, network partition) past its lease before confirming.
+	staleAcked := make(chan struct{})
+	staleGo := make(chan struct{})
+	staleDone := make(chan []outbox.Claim, 1)
+	staleReg := prometheus.NewRegistry()
+	start(t, e.relay(t, func(c *outbox.Config) {
+		c.Owner = "stale"
+		c.Lease = time.Second
+		c.ProduceTimeout = 500 * time.Millisecond
+		c.Registerer = staleReg
+		c.Hooks = outbox.Hooks{
+			AfterProduce: func(ctx context.Context, os []outbox.Outcome) error {
+				if os[0].Err != nil { // not require: this runs on the relay's goroutine
+					t.Errorf("stale relay's send failed: %v", os[0].Err)
+				}
+				close(staleAcked)
+				select { // stopping the relay (test failure) also unblocks it
+				case <-staleGo:
+				case <-ctx.Done():
+				}
+				return nil
+			},
+			AfterConfirm: func(_ context.Context, confirmed []outbox.Claim) error {
+				staleDone <- confirmed
+				return nil
+			},
+		}
+	}))
+	<-staleAcked
+	require.Eventually(t, func() bool {
+		return e.count(t, "lease_expires_at < now()") == 1
+	}, 5*time.Second, 10*time.Millisecond, "the stale relay's lease expires")
+
+	// The successor claims the row under a new token and sends it too.
+	succAcked := make(chan outbox.Claim, 1)
+	succGo := make(chan struct{})
+	start(t, e.relay(t, func(c *outbox.Config) {
+		c.Owner = "successor"
+		c.Hooks = outbox.Hooks{AfterProduce: func(ctx context.Context, os []outbox.Outcome) error {
+			if os[0].Err != nil {
+				t.Errorf("successor's send failed: %v", os[0].Err)
+			}
+			succAcked <- os[0].Claim
+			select {
+			case <-succGo:
+			case <-ctx.Done():
+			}
+			return nil
+		}}
+	}))
+	succClaim := <-succAcked
+
+	// Now the stale relay wakes up and confirms.
+	close(staleGo)
+	require.Empty(t, <-staleDone, "the stale confirm matches no row")
+	require.Equal(t, 1.0, metricValue(t, staleReg, "outbox_lost_confirms_total", map[string]string{"event_type": strictType}))
+
+	r := e.row(t, ev.ID)
+	require.Equal(t, "pending", r.State, "the stale relay did not mark the successor's claim delivered")
+	require.NotNil(t, r.LeaseToken)
+	require.Equal(t, succClaim.LeaseToken, *r.LeaseToken, "the successor's lease is intact")
+	require.Equal(t, "successor", *r.LeaseOwner)
+	require.Nil(t, r.Partition, "no stale partition/offset written")
+
+	// The successor confirms its own copy.
+	close(succGo)
+	e.waitDelivered(t, 5*time.Second)
+	recs := e.readAll(t)
+	require.Len(t, recs, 2, "both relays sent the event")
+	require.Equal(t, recs[0].EventID, recs[1].EventID)
+	r = e.row(t, ev.ID)
+	require.Equal(t, "delivered", r.State)
+	require.Equal(t, recs[1].Offset, *r.Offset, "the row records the successor's copy")
+}
