@@ -67,6 +67,8 @@ var errShutdown = errors.New("relay stopped before the broker answered")
 // produce context, whose cause tells a shutdown from a deadline.
 func classifyProduce(pctx context.Context, err error) ErrorClass {
 	switch {
+	case errors.Is(err, errShutdown):
+		return ClassShutdown
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		if errors.Is(context.Cause(pctx), errShutdown) {
 			return ClassShutdown

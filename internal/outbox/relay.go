@@ -364,11 +364,12 @@ func (r *Relay) produceContext(ctx context.Context, deadline time.Time) (context
 }
 
 // publish sends every claimed row that passes its checks, concurrently,
-// and waits for all answers. Rows are handed to the producer in claim
-// order; franz-go keeps that order within a partition.
+// and waits for all answers or the deadline. Rows are handed to the
+// producer in claim order; franz-go keeps that order within a partition.
 func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []Outcome {
 	outcomes := make([]Outcome, len(batch))
 	recs := make([]*kgo.Record, len(batch))
+	var send []int
 	for i := range batch {
 		outcomes[i].Claim = batch[i].Claim
 		if class, err := r.types.check(batch[i].EventType, batch[i].SchemaVersion, batch[i].payload); err != nil {
@@ -376,23 +377,9 @@ func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []
 			continue
 		}
 		recs[i] = r.record(&batch[i])
+		send = append(send, i)
 	}
-
-	var wg sync.WaitGroup
-	sent := 0
-	for i, rec := range recs {
-		if rec == nil {
-			continue
-		}
-		sent++
-		wg.Add(1)
-		r.metrics.attempts.WithLabelValues(batch[i].EventType).Inc()
-		cl.Produce(pctx, rec, func(rec *kgo.Record, err error) {
-			defer wg.Done()
-			r.setOutcome(pctx, &outcomes[i], rec, err)
-		})
-	}
-	wg.Wait()
+	r.produce(pctx, cl, recs, outcomes, send)
 
 	// The broker's MESSAGE_TOO_LARGE is about a whole record batch, which
 	// the client may have filled with several of our records: an innocent
@@ -400,18 +387,67 @@ func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []
 	// while nothing else is in flight can be blamed, so suspects are sent
 	// again one at a time, within the same deadline, before anything is
 	// parked.
-	if sent > 1 {
-		for i := range outcomes {
-			if recs[i] == nil || outcomes[i].Class != ClassMessageTooLarge {
-				continue
+	if len(send) > 1 {
+		for _, i := range send {
+			if outcomes[i].Class == ClassMessageTooLarge {
+				recs[i] = r.record(&batch[i])
+				r.produce(pctx, cl, recs, outcomes, []int{i})
 			}
-			r.metrics.attempts.WithLabelValues(batch[i].EventType).Inc()
-			rec, err := cl.ProduceSync(pctx, r.record(&batch[i])).First()
-			outcomes[i].Err, outcomes[i].Class = nil, ""
-			r.setOutcome(pctx, &outcomes[i], rec, err)
 		}
 	}
 	return outcomes
+}
+
+// produce sends recs[i] for each i in idx and fills outcomes[i]. It returns
+// when every record was answered or when pctx ends, whichever is first.
+//
+// franz-go checks a record's context only at certain points (before a
+// request is written, after a response), so a record can outlive its
+// context, e.g. while the client waits out a metadata refresh after a
+// partition error. Waiting for the promise could then run past the lease
+// (R5a). A record still unanswered at the deadline is therefore counted
+// as an unknown outcome right away; if the client delivers it later, that
+// is a duplicate with the same event_id, and its late answer is ignored.
+func (r *Relay) produce(pctx context.Context, cl *kgo.Client, recs []*kgo.Record, outcomes []Outcome, idx []int) {
+	var (
+		mu       sync.Mutex
+		closed   bool
+		answered = make([]bool, len(outcomes))
+		left     = len(idx)
+		all      = make(chan struct{})
+	)
+	if left == 0 {
+		return
+	}
+	for _, i := range idx {
+		outcomes[i].Err, outcomes[i].Class = nil, ""
+		r.metrics.attempts.WithLabelValues(outcomes[i].EventType).Inc()
+		cl.Produce(pctx, recs[i], func(rec *kgo.Record, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if closed {
+				return // answered after the deadline; the row was already released
+			}
+			answered[i] = true
+			r.setOutcome(pctx, &outcomes[i], rec, err)
+			if left--; left == 0 {
+				close(all)
+			}
+		})
+	}
+	select {
+	case <-all:
+	case <-pctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	closed = true
+	for _, i := range idx {
+		if !answered[i] {
+			err := fmt.Errorf("no answer from the broker before the produce deadline: %w", context.Cause(pctx))
+			outcomes[i].Err, outcomes[i].Class = err, classifyProduce(pctx, err)
+		}
+	}
 }
 
 func (r *Relay) setOutcome(pctx context.Context, o *Outcome, rec *kgo.Record, err error) {
