@@ -1,0 +1,194 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/outboxref/orders/internal/outbox"
+)
+
+// TestNudge (R8): with a 10 s poll interval, an event reaches the broker a
+// fraction of a second after Nudge, and not before it.
+func TestNudge(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	r := start(t, e.relay(t, func(c *outbox.Config) { c.PollInterval = 10 * time.Second }))
+	require.Eventually(t, func() bool { return r.relay.ClaimRounds() >= 1 }, 5*time.Second, 5*time.Millisecond,
+		"the relay made its start-up claim and now sleeps for the poll interval")
+
+	ev := e.insert(t, event("nudged", 1))[0]
+	require.Never(t, func() bool { return e.row(t, ev.ID).State == "delivered" }, 300*time.Millisecond, 20*time.Millisecond,
+		"without a nudge the event waits for the next poll")
+
+	nudged := time.Now()
+	r.relay.Nudge()
+	r.relay.Nudge() // coalesces, never blocks
+	require.Eventually(t, func() bool { return e.row(t, ev.ID).State == "delivered" }, time.Second, 5*time.Millisecond)
+	t.Logf("delivered %s after the nudge", time.Since(nudged))
+	require.Len(t, e.readAll(t), 1)
+
+	var disabled *outbox.Relay
+	disabled.Nudge() // a service with its relay disabled may nudge a nil relay
+}
+
+// TestGracefulShutdown (R9): a relay stopped while the broker does not
+// answer gives up after DrainTimeout and releases its leases, so a
+// successor claims the rows at once instead of waiting out the lease.
+func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
+	const lease = time.Minute
+	e := setup(t)
+	outage := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.NotEnoughReplicas, Count: -1})
+	var evs []outbox.Event
+	for i := range 5 {
+		evs = append(evs, event(fmt.Sprintf("agg-%d", i), 1))
+	}
+	e.insert(t, evs...)
+
+	claimed := make(chan struct{}, 1)
+	first := start(t, e.relay(t, func(c *outbox.Config) {
+		c.Owner = "first"
+		c.Lease = lease
+		c.DrainTimeout = 200 * time.Millisecond
+		c.Hooks = outbox.Hooks{AfterClaim: func(context.Context, []outbox.Claim) error {
+			select {
+			case claimed <- struct{}{}:
+			default:
+			}
+			return nil
+		}}
+	}))
+	<-claimed
+	stopping := time.Now()
+	require.NoError(t, first.stop(t))
+	require.Less(t, time.Since(stopping), 5*time.Second, "stopping waits for DrainTimeout, not for the 30s produce deadline")
+
+	for _, r := range e.rows(t) {
+		require.Equal(t, "pending", r.State)
+		require.Nil(t, r.LeaseOwner, "the lease was released")
+		require.Equal(t, "shutdown", *r.LastErrorClass)
+		require.False(t, r.NextAttemptAt.After(time.Now().Add(50*time.Millisecond)), "and due at once")
+	}
+
+	outage.Remove()
+	began := time.Now()
+	start(t, e.relay(t, func(c *outbox.Config) { c.Owner = "successor" }))
+	e.waitDelivered(t, 10*time.Second)
+	require.Less(t, time.Since(began), lease/2, "the successor did not wait for the lease")
+	require.Len(t, ids(e.readAll(t)), len(evs))
+}
+
+// TestGracefulShutdownFinishes (R9): records the broker acknowledges while
+// the relay is stopping are confirmed, not abandoned.
+func TestGracefulShutdownFinishes(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ev := e.insert(t, event("finish", 1))[0]
+	ctx, cancel := context.WithCancel(context.Background())
+	r := e.relay(t, func(c *outbox.Config) {
+		c.Hooks = outbox.Hooks{AfterClaim: func(context.Context, []outbox.Claim) error {
+			cancel() // the stop arrives after the claim, before the send
+			return nil
+		}}
+	})
+	require.NoError(t, r.Run(ctx))
+	require.Equal(t, "delivered", e.row(t, ev.ID).State)
+	require.Len(t, e.readAll(t), 1)
+}
+
+// TestMetrics (O1): the backlog gauges come from the table, so with no
+// relay running the age of the oldest pending event keeps growing; the
+// relay's counters track attempts, acknowledgements and latency.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.insert(t, event("waiting", 1), event("waiting", 2), event("other", 1, loose))
+
+	stats := prometheus.NewRegistry()
+	stats.MustRegister(outbox.NewStatsCollector(e.db.Pool, testTypes(), testLogger()))
+	strict := map[string]string{"event_type": strictType}
+	require.Equal(t, 1.0, metricValue(t, stats, "outbox_stats_up", nil))
+	require.Equal(t, 2.0, metricValue(t, stats, "outbox_pending_events", strict))
+	require.Equal(t, 1.0, metricValue(t, stats, "outbox_pending_events", map[string]string{"event_type": looseType}))
+	age := metricValue(t, stats, "outbox_oldest_pending_age_seconds", strict)
+	require.Eventually(t, func() bool {
+		return metricValue(t, stats, "outbox_oldest_pending_age_seconds", strict) > age+0.2
+	}, 5*time.Second, 20*time.Millisecond, "no relay: the age grows")
+
+	reg := prometheus.NewRegistry()
+	start(t, e.relay(t, func(c *outbox.Config) { c.Registerer = reg }))
+	e.waitDelivered(t, 10*time.Second)
+	require.Equal(t, 2.0, metricValue(t, reg, "outbox_publish_attempts_total", strict))
+	require.Equal(t, 2.0, metricValue(t, reg, "outbox_published_total", strict))
+	require.Equal(t, 2.0, metricValue(t, reg, "outbox_commit_to_publish_seconds", strict), "one latency sample per event")
+	require.Equal(t, 0.0, metricValue(t, reg, "outbox_pending_events", strict))
+	require.Equal(t, 0.0, metricValue(t, reg, "outbox_oldest_pending_age_seconds", strict))
+	require.Equal(t, 0.0, metricValue(t, reg, "outbox_parked_events", strict))
+	require.Equal(t, 0.0, metricValue(t, reg, "outbox_blocked_aggregates", strict))
+
+	// A second relay on the same registry is a wiring mistake.
+	_, err := outbox.NewRelay(outbox.Config{Pool: e.db.Pool, Topic: topic, Source: "s", Types: testTypes(), Registerer: reg})
+	require.Error(t, err)
+}
+
+// TestNewRelayRefusesBadConfig: problems surface at start-up, not as
+// parked events later.
+func TestNewRelayRefusesBadConfig(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	bad := func(t *testing.T, want string, mod func(*outbox.Config)) {
+		t.Helper()
+		cfg := outbox.Config{Pool: e.db.Pool, Topic: topic, Source: "urn:test", Types: testTypes()}
+		mod(&cfg)
+		_, err := outbox.NewRelay(cfg)
+		require.ErrorContains(t, err, want)
+	}
+	bad(t, "half the lease", func(c *outbox.Config) { c.Lease = 10 * time.Second; c.ProduceTimeout = 6 * time.Second })
+	bad(t, "Source", func(c *outbox.Config) { c.Source = "" })
+	bad(t, "Topic", func(c *outbox.Config) { c.Topic = "" })
+	bad(t, "no event types", func(c *outbox.Config) { c.Types = nil })
+	bad(t, "listed twice", func(c *outbox.Config) { c.Types = append(c.Types, c.Types[0]) })
+	bad(t, "compile JSON Schema", func(c *outbox.Config) {
+		c.Types = []outbox.EventType{{Name: "x", Schemas: map[int][]byte{1: []byte(`{"type": 12}`)}}}
+	})
+	bad(t, "BackoffCap", func(c *outbox.Config) { c.BackoffBase = time.Minute; c.BackoffCap = time.Second })
+
+	cfg := outbox.Config{Pool: e.db.Pool, Topic: topic, Source: "urn:test", Types: testTypes()}
+	r, err := outbox.NewRelay(cfg)
+	require.NoError(t, err)
+	require.True(t, strings.Contains(r.Owner(), "-"), "a default owner is generated")
+}
+
+func TestBackoff(t *testing.T) {
+	t.Parallel()
+	base, capDelay := 100*time.Millisecond, 3*time.Second
+	for attempts := 1; attempts <= 70; attempts++ {
+		want := capDelay
+		if attempts < 6 {
+			want = base << (attempts - 1)
+		}
+		for range 20 {
+			d := outbox.Backoff(attempts, base, capDelay)
+			require.GreaterOrEqual(t, d, want/2, "attempts %d", attempts)
+			require.LessOrEqual(t, d, want, "attempts %d", attempts)
+		}
+	}
+}
+
+func TestBoundText(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "short", outbox.BoundText("short"))
+	long := strings.Repeat("é", 2000)
+	got := outbox.BoundText(long)
+	require.Len(t, []rune(got), 1024, "the CHECK counts characters")
+	require.True(t, strings.HasSuffix(got, "…"))
+}
