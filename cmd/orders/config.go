@@ -8,6 +8,8 @@ import (
 
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/envconfig"
+	"github.com/outboxref/orders/internal/kafkaconf"
+	"github.com/outboxref/orders/internal/outbox"
 )
 
 // Config is the orders service's whole configuration, read from the
@@ -32,6 +34,25 @@ type KafkaConfig struct {
 	SASLMechanism   string   // KAFKA_SASL_MECHANISM: SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN
 	SASLUsername    string   // KAFKA_SASL_USERNAME
 	SASLPassword    string   // KAFKA_SASL_PASSWORD
+	// ProduceTimeout is the deadline of each send (R5a): at most half of
+	// RELAY_LEASE, and by default the smaller of 10s and RELAY_LEASE/2.
+	ProduceTimeout time.Duration // KAFKA_PRODUCE_TIMEOUT
+	// MaxMessageBytes is the largest record batch the producer builds; set
+	// it to the topic's max.message.bytes. Larger events are parked.
+	MaxMessageBytes int // KAFKA_MAX_MESSAGE_BYTES
+}
+
+// connection returns the settings that reach and authenticate to the
+// cluster, shared with the notifier through kafkaconf.
+func (k KafkaConfig) connection() kafkaconf.Config {
+	return kafkaconf.Config{
+		Brokers:       k.Brokers,
+		TLS:           k.TLS,
+		TLSCAFile:     k.TLSCAFile,
+		SASLMechanism: k.SASLMechanism,
+		SASLUsername:  k.SASLUsername,
+		SASLPassword:  k.SASLPassword,
+	}
 }
 
 // RelayConfig tunes the embedded outbox relay.
@@ -42,6 +63,14 @@ type RelayConfig struct {
 	PollInterval time.Duration // RELAY_POLL_INTERVAL
 	BackoffBase  time.Duration // RELAY_BACKOFF_BASE
 	BackoffCap   time.Duration // RELAY_BACKOFF_CAP
+	// DrainTimeout is how long a stopping relay waits for the broker to
+	// answer records already sent before it releases their leases (R9).
+	DrainTimeout time.Duration // RELAY_DRAIN_TIMEOUT
+	// Source is the CloudEvents source (ce_source) of every event.
+	Source string // RELAY_CE_SOURCE
+	// MetricsAddr is where `orders relay` serves /metrics, /healthz and
+	// /readyz; `orders serve` exposes them on HTTP_ADDR instead.
+	MetricsAddr string // RELAY_METRICS_ADDR
 }
 
 const defaultDevTokens = "" // no default: tokens are secrets and must be configured
@@ -61,6 +90,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			SASLMechanism:   strings.ToUpper(r.String("KAFKA_SASL_MECHANISM", "")),
 			SASLUsername:    r.String("KAFKA_SASL_USERNAME", ""),
 			SASLPassword:    r.String("KAFKA_SASL_PASSWORD", ""),
+			MaxMessageBytes: r.Int("KAFKA_MAX_MESSAGE_BYTES", outbox.DefaultMaxMessageBytes, 512, 1<<30),
 		},
 		Relay: RelayConfig{
 			Enabled:      r.Bool("RELAY_ENABLED", true),
@@ -69,7 +99,16 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			PollInterval: r.Duration("RELAY_POLL_INTERVAL", time.Second),
 			BackoffBase:  r.Duration("RELAY_BACKOFF_BASE", 500*time.Millisecond),
 			BackoffCap:   r.Duration("RELAY_BACKOFF_CAP", 5*time.Minute),
+			DrainTimeout: r.Duration("RELAY_DRAIN_TIMEOUT", 5*time.Second),
+			Source:       r.String("RELAY_CE_SOURCE", "urn:outboxref:orders"),
+			MetricsAddr:  r.String("RELAY_METRICS_ADDR", ":9091"),
 		},
+	}
+	// The produce deadline defaults to 10s but never more than half the
+	// lease (R5a), so that shortening RELAY_LEASE alone stays valid.
+	c.Kafka.ProduceTimeout = r.Duration("KAFKA_PRODUCE_TIMEOUT", min(10*time.Second, c.Relay.Lease/2))
+	if c.Kafka.ProduceTimeout > c.Relay.Lease/2 {
+		r.Fail("KAFKA_PRODUCE_TIMEOUT (%s) must not exceed half of RELAY_LEASE (%s): a send must end well before its lease", c.Kafka.ProduceTimeout, c.Relay.Lease)
 	}
 	if spec := r.String("AUTH_TOKENS", defaultDevTokens); spec == "" {
 		r.Fail("AUTH_TOKENS is required: token=subject:role,... with roles customer, admin, service")
@@ -103,8 +142,10 @@ func loadConfig(getenv func(string) string) (Config, error) {
 func (c Config) print(w io.Writer) {
 	fmt.Fprintf(w, "config: DATABASE_URL=%s HTTP_ADDR=%s AUTH_TOKENS=[%d tokens: %s] SHUTDOWN_TIMEOUT=%s\n",
 		envconfig.MaskURL(c.DatabaseURL), c.HTTPAddr, c.Tokens.Len(), strings.Join(c.Tokens.Subjects(), " "), c.ShutdownTimeout)
-	fmt.Fprintf(w, "config: KAFKA_BROKERS=%s ORDERS_TOPIC=%s ORDERS_TOPIC_PARTITIONS=%d KAFKA_TLS=%t KAFKA_SASL_MECHANISM=%s KAFKA_SASL_USERNAME=%s KAFKA_SASL_PASSWORD=%s\n",
-		strings.Join(c.Kafka.Brokers, ","), c.Kafka.Topic, c.Kafka.TopicPartitions, c.Kafka.TLS, c.Kafka.SASLMechanism, c.Kafka.SASLUsername, envconfig.Mask(c.Kafka.SASLPassword))
-	fmt.Fprintf(w, "config: RELAY_ENABLED=%t RELAY_BATCH_SIZE=%d RELAY_LEASE=%s RELAY_POLL_INTERVAL=%s RELAY_BACKOFF_BASE=%s RELAY_BACKOFF_CAP=%s\n",
-		c.Relay.Enabled, c.Relay.BatchSize, c.Relay.Lease, c.Relay.PollInterval, c.Relay.BackoffBase, c.Relay.BackoffCap)
+	fmt.Fprintf(w, "config: KAFKA_BROKERS=%s ORDERS_TOPIC=%s ORDERS_TOPIC_PARTITIONS=%d KAFKA_TLS=%t KAFKA_TLS_CA_FILE=%s KAFKA_SASL_MECHANISM=%s KAFKA_SASL_USERNAME=%s KAFKA_SASL_PASSWORD=%s KAFKA_PRODUCE_TIMEOUT=%s KAFKA_MAX_MESSAGE_BYTES=%d\n",
+		strings.Join(c.Kafka.Brokers, ","), c.Kafka.Topic, c.Kafka.TopicPartitions, c.Kafka.TLS, c.Kafka.TLSCAFile, c.Kafka.SASLMechanism, c.Kafka.SASLUsername, envconfig.Mask(c.Kafka.SASLPassword),
+		c.Kafka.ProduceTimeout, c.Kafka.MaxMessageBytes)
+	fmt.Fprintf(w, "config: RELAY_ENABLED=%t RELAY_BATCH_SIZE=%d RELAY_LEASE=%s RELAY_POLL_INTERVAL=%s RELAY_BACKOFF_BASE=%s RELAY_BACKOFF_CAP=%s RELAY_DRAIN_TIMEOUT=%s RELAY_CE_SOURCE=%s RELAY_METRICS_ADDR=%s\n",
+		c.Relay.Enabled, c.Relay.BatchSize, c.Relay.Lease, c.Relay.PollInterval, c.Relay.BackoffBase, c.Relay.BackoffCap,
+		c.Relay.DrainTimeout, c.Relay.Source, c.Relay.MetricsAddr)
 }

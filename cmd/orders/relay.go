@@ -2,10 +2,197 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxref/orders/internal/kafkaconf"
+	"github.com/outboxref/orders/internal/outbox"
 )
 
+// startRelay builds this process's outbox relay, not yet running, and
+// starts creating the topic in the background. The caller runs it with
+// relay.Run(ctx); Run owns the Kafka producer and flushes and closes it
+// when ctx ends. ctx also bounds the topic creation, which retries until
+// it succeeds: a missing broker never blocks start-up or readiness (O3),
+// since absorbing a broker outage is the outbox's job.
+func startRelay(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer, types []outbox.EventType) (*outbox.Relay, error) {
+	conn, err := cfg.Kafka.connection().Options()
+	if err != nil {
+		return nil, err
+	}
+	conn = append(conn, kgo.WithLogger(kafkaconf.Logger(log, kgo.LogLevelWarn)))
+	relay, err := outbox.NewRelay(outbox.Config{
+		Pool:            pool,
+		Kafka:           conn,
+		Topic:           cfg.Kafka.Topic,
+		Source:          cfg.Relay.Source,
+		Types:           types,
+		BatchSize:       cfg.Relay.BatchSize,
+		Lease:           cfg.Relay.Lease,
+		ProduceTimeout:  cfg.Kafka.ProduceTimeout,
+		PollInterval:    cfg.Relay.PollInterval,
+		BackoffBase:     cfg.Relay.BackoffBase,
+		BackoffCap:      cfg.Relay.BackoffCap,
+		DrainTimeout:    cfg.Relay.DrainTimeout,
+		MaxMessageBytes: cfg.Kafka.MaxMessageBytes,
+		Logger:          log,
+		Registerer:      reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	go ensureTopic(ctx, conn, cfg.Kafka.Topic, cfg.Kafka.TopicPartitions, log)
+	return relay, nil
+}
+
+// ensureTopic creates the topic if it is missing, retrying with backoff
+// until it succeeds or ctx ends. It uses a client of its own, closed when
+// it returns, so it never races the relay's producer shutdown. Until the
+// topic exists, sends fail as unknown_topic and are retried like any
+// transient failure.
+func ensureTopic(ctx context.Context, conn []kgo.Opt, topic string, partitions int, log *slog.Logger) {
+	cl, err := kgo.NewClient(conn...)
+	if err != nil {
+		log.ErrorContext(ctx, "kafka admin client", "error", err)
+		return
+	}
+	defer cl.Close()
+	adm := kadm.NewClient(cl)
+	log = log.With("topic", topic, "partitions", partitions)
+	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		// Replication factor -1: the broker's default.replication.factor.
+		_, err := adm.CreateTopic(rctx, int32(partitions), -1, nil, topic)
+		if errors.Is(err, kerr.TopicAlreadyExists) {
+			// Partitions cannot be checked before every aggregate is
+			// re-keyed, so a different count is only reported.
+			if td, derr := adm.ListTopics(rctx, topic); derr == nil && td.Has(topic) && len(td[topic].Partitions) != partitions {
+				log.WarnContext(ctx, "kafka topic exists with a different partition count", "existing_partitions", len(td[topic].Partitions))
+			}
+			cancel()
+			log.DebugContext(ctx, "kafka topic exists")
+			return
+		}
+		cancel()
+		if err == nil {
+			log.InfoContext(ctx, "kafka topic created")
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		log.WarnContext(ctx, "create kafka topic failed; retrying in the background", "error", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// runRelayOnly is `orders relay`: the relay without the API, so that
+// relays can be scaled apart from it. Any number may run against one
+// database. It serves /metrics, /healthz and /readyz on RELAY_METRICS_ADDR
+// and stops gracefully when ctx ends (R9).
 func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	return fmt.Errorf("relay: not wired yet")
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	cfg.print(stdout)
+	log := newLogger(stdout)
+
+	pool, err := openPool(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	reg := newRegistry()
+
+	// The relay gets its own context: it must outlive ctx long enough to
+	// drain, confirm and release, and it is stopped explicitly below.
+	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRelay()
+	relay, err := startRelay(relayCtx, cfg, pool, log, reg, orderEventTypes())
+	if err != nil {
+		return err
+	}
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(relayCtx) }()
+
+	srv := &http.Server{
+		Addr:              cfg.Relay.MetricsAddr,
+		Handler:           relayMux(reg, pool),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	serverErr := make(chan error, 1)
+	go func() { serverErr <- srv.ListenAndServe() }()
+	log.InfoContext(ctx, "orders relay started", "metrics_addr", cfg.Relay.MetricsAddr, "lease_owner", relay.Owner())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutdown requested")
+	case err := <-serverErr:
+		runErr = fmt.Errorf("metrics server: %w", err)
+	case err := <-relayDone:
+		relayDone <- err
+		log.Error("relay stopped unexpectedly", "error", fmt.Sprint(err))
+	}
+
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	stopRelay()
+	select {
+	case err := <-relayDone:
+		if err != nil && runErr == nil {
+			runErr = fmt.Errorf("relay: %w", err)
+		}
+	case <-shutdownCtx.Done():
+		runErr = errors.Join(runErr, errors.New("relay did not stop within SHUTDOWN_TIMEOUT"))
+	}
+	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("metrics server shutdown incomplete", "error", err.Error())
+	}
+	if runErr == nil {
+		log.Info("orders relay stopped")
+	}
+	return runErr
+}
+
+// relayMux serves the relay-only process's operations endpoints. Readiness
+// reflects the database only: a broker outage is what the outbox absorbs,
+// and it shows in the metrics (O3).
+func relayMux(reg *prometheus.Registry, pool *pgxpool.Pool) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		io.WriteString(w, "ok\n") //nolint:errcheck // best effort
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := pool.Ping(ctx); err != nil {
+			http.Error(w, "database unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ready\n") //nolint:errcheck // best effort
+	})
+	return mux
 }

@@ -1,0 +1,177 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/internal/migrate"
+	"github.com/outboxref/orders/internal/pgtest"
+)
+
+func TestRelayConfig(t *testing.T) {
+	t.Parallel()
+	env := func(kv ...string) func(string) string {
+		m := map[string]string{"AUTH_TOKENS": "t1=alice:customer"}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return m[k] }
+	}
+
+	c, err := loadConfig(env())
+	require.NoError(t, err)
+	require.Equal(t, 10*time.Second, c.Kafka.ProduceTimeout)
+	require.Equal(t, "urn:outboxref:orders", c.Relay.Source)
+
+	c, err = loadConfig(env("RELAY_LEASE", "4s"))
+	require.NoError(t, err)
+	require.Equal(t, 2*time.Second, c.Kafka.ProduceTimeout, "the default follows a short lease (R5a)")
+
+	_, err = loadConfig(env("RELAY_LEASE", "10s", "KAFKA_PRODUCE_TIMEOUT", "6s"))
+	require.ErrorContains(t, err, "KAFKA_PRODUCE_TIMEOUT")
+
+	var out bytes.Buffer
+	c, err = loadConfig(env("KAFKA_SASL_MECHANISM", "scram-sha-512", "KAFKA_SASL_USERNAME", "relay", "KAFKA_SASL_PASSWORD", "s3cret"))
+	require.NoError(t, err)
+	c.print(&out)
+	require.NotContains(t, out.String(), "s3cret", "secrets are printed masked")
+	require.Contains(t, out.String(), "KAFKA_SASL_MECHANISM=SCRAM-SHA-512")
+}
+
+// TestEnsureTopic: the topic is created with the configured partitions,
+// in the background, even when the broker appears only after start-up.
+func TestEnsureTopic(t *testing.T) {
+	t.Parallel()
+	port := freePort(t)
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	conn := []kgo.Opt{kgo.SeedBrokers(net.JoinHostPort("127.0.0.1", port))}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ensureTopic(ctx, conn, "orders.events", 6, log)
+	}()
+
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "retrying in the background") }, 30*time.Second, 20*time.Millisecond,
+		"with no broker, creation fails and is retried without blocking anyone")
+	c, err := kfake.NewCluster(kfake.Ports(atoi(t, port)))
+	require.NoError(t, err)
+	defer c.Close()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("topic not created within 30s of the broker appearing")
+	}
+	cl, err := kgo.NewClient(conn...)
+	require.NoError(t, err)
+	defer cl.Close()
+	td, err := kadm.NewClient(cl).ListTopics(ctx, "orders.events")
+	require.NoError(t, err)
+	require.Len(t, td["orders.events"].Partitions, 6)
+
+	// A second run finds the topic and returns at once.
+	ensureTopic(ctx, conn, "orders.events", 6, log)
+}
+
+// TestRunRelayOnly: `orders relay` starts without blocking on the broker,
+// serves its operations endpoints, and stops cleanly on cancel.
+func TestRunRelayOnly(t *testing.T) {
+	t.Parallel()
+	ms, err := migrate.Load(schema.Orders, "orders")
+	require.NoError(t, err)
+	db := pgtest.New(t, ms)
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	require.NoError(t, err)
+	defer c.Close()
+	addr := net.JoinHostPort("127.0.0.1", freePort(t))
+	vars := map[string]string{
+		"DATABASE_URL":       db.URL,
+		"AUTH_TOKENS":        "t1=alice:customer",
+		"KAFKA_BROKERS":      strings.Join(c.ListenAddrs(), ","),
+		"RELAY_METRICS_ADDR": addr,
+		"RELAY_LEASE":        "4s",
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- runRelayOnly(ctx, func(k string) string { return vars[k] }, &out) }()
+
+	var body string
+	require.Eventually(t, func() bool {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		body = string(b)
+		return resp.StatusCode == http.StatusOK
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Contains(t, body, "outbox_oldest_pending_age_seconds")
+	require.Contains(t, body, `outbox_stats_up 1`)
+	resp, err := http.Get("http://" + addr + "/readyz")
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("orders relay did not stop")
+	}
+	require.Contains(t, out.String(), `"orders relay stopped"`)
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	_, port, err := net.SplitHostPort(l.Addr().String())
+	require.NoError(t, err)
+	return port
+}
+
+func atoi(t *testing.T, s string) int {
+	t.Helper()
+	n, err := strconv.Atoi(s)
+	require.NoError(t, err)
+	return n
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
