@@ -1,11 +1,13 @@
 package notify
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -130,6 +132,13 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("claim emails: %w", err)
 	}
+	// UPDATE ... RETURNING does not keep the subquery's order. Send in the
+	// order the intents were written, so one order's emails arrive in the
+	// order of its events when nothing fails (a retried email can still be
+	// overtaken: email has no ordering guarantee to keep).
+	slices.SortFunc(rows, func(a, b notifydb.EmailSend) int {
+		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.OperationKey, b.OperationKey))
+	})
 	// Results are recorded even while stopping: a sent email must end up
 	// 'sent', never left for the sweep to call unknown.
 	bg := context.WithoutCancel(ctx)

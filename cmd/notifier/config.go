@@ -1,0 +1,164 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/mail"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/outboxref/orders/internal/envconfig"
+	"github.com/outboxref/orders/internal/inbox"
+	"github.com/outboxref/orders/internal/kafkaconf"
+	"github.com/outboxref/orders/internal/notify"
+)
+
+// Config is the notifier's whole configuration, read from the environment.
+// Defaults suit the local demo.
+type Config struct {
+	DatabaseURL     string        // DATABASE_URL
+	HTTPAddr        string        // HTTP_ADDR: /healthz, /readyz, /metrics
+	ShutdownTimeout time.Duration // SHUTDOWN_TIMEOUT
+
+	Kafka KafkaConfig
+	Email EmailConfig
+	// Orders API, the source of truth for gap resync (C3).
+	OrdersAPIURL     string        // ORDERS_API_URL
+	OrdersAPIToken   string        // ORDERS_API_TOKEN: a service-role token
+	OrdersAPITimeout time.Duration // ORDERS_API_TIMEOUT
+	GapWindow        time.Duration // GAP_WINDOW: how long a gap is held before a resync
+
+	Retention RetentionConfig
+}
+
+// KafkaConfig is the consumer's side of the broker.
+type KafkaConfig struct {
+	Conn           kafkaconf.Config // KAFKA_BROKERS, KAFKA_TLS, KAFKA_TLS_CA_FILE, KAFKA_SASL_*
+	Topic          string           // ORDERS_TOPIC (never created by the notifier)
+	Group          string           // KAFKA_GROUP
+	InstanceID     string           // KAFKA_INSTANCE_ID: static membership when set
+	SessionTimeout time.Duration    // KAFKA_SESSION_TIMEOUT
+}
+
+// EmailConfig is the SMTP relay and the send ledger's policy (C4).
+type EmailConfig struct {
+	SMTPAddr       string               // SMTP_ADDR
+	From           string               // SMTP_FROM
+	HeloName       string               // SMTP_HELO_NAME
+	SendTimeout    time.Duration        // SMTP_TIMEOUT: one send, dial to reply
+	SendingTimeout time.Duration        // EMAIL_SENDING_TIMEOUT: 'sending' longer than this becomes unknown
+	UnknownPolicy  notify.UnknownPolicy // EMAIL_UNKNOWN_POLICY: hold | resend
+	MaxAttempts    int                  // EMAIL_MAX_ATTEMPTS
+	BackoffBase    time.Duration        // EMAIL_BACKOFF_BASE
+	BackoffCap     time.Duration        // EMAIL_BACKOFF_CAP
+	PollInterval   time.Duration        // EMAIL_POLL_INTERVAL
+}
+
+// RetentionConfig is the processed_event retention and its constraints (C5).
+type RetentionConfig struct {
+	ProcessedEventTTL      time.Duration // PROCESSED_EVENT_TTL
+	BrokerRedeliveryWindow time.Duration // BROKER_REDELIVERY_WINDOW: the topic's retention, at least
+	BackupRetention        time.Duration // BACKUP_RETENTION: age of the oldest restorable backup
+	CleanupInterval        time.Duration // CLEANUP_INTERVAL
+	CleanupBatch           int           // CLEANUP_BATCH
+}
+
+const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/notifier?sslmode=disable"
+
+func loadConfig(getenv func(string) string) (Config, error) {
+	r := envconfig.New(getenv)
+	c := Config{
+		DatabaseURL:     r.String("DATABASE_URL", defaultDatabaseURL),
+		HTTPAddr:        r.String("HTTP_ADDR", ":8081"),
+		ShutdownTimeout: r.Duration("SHUTDOWN_TIMEOUT", 45*time.Second),
+		Kafka: KafkaConfig{
+			Conn: kafkaconf.Config{
+				Brokers:       r.List("KAFKA_BROKERS", "127.0.0.1:9092"),
+				TLS:           r.Bool("KAFKA_TLS", false),
+				TLSCAFile:     r.String("KAFKA_TLS_CA_FILE", ""),
+				SASLMechanism: strings.ToUpper(r.String("KAFKA_SASL_MECHANISM", "")),
+				SASLUsername:  r.String("KAFKA_SASL_USERNAME", ""),
+				SASLPassword:  r.String("KAFKA_SASL_PASSWORD", ""),
+			},
+			Topic:          r.String("ORDERS_TOPIC", "orders.events"),
+			Group:          r.String("KAFKA_GROUP", "notifier"),
+			InstanceID:     r.String("KAFKA_INSTANCE_ID", ""),
+			SessionTimeout: r.Duration("KAFKA_SESSION_TIMEOUT", 15*time.Second),
+		},
+		Email: EmailConfig{
+			SMTPAddr:       r.String("SMTP_ADDR", "127.0.0.1:1025"),
+			From:           r.String("SMTP_FROM", "orders@outboxref.local"),
+			HeloName:       r.String("SMTP_HELO_NAME", "notifier.outboxref.local"),
+			SendTimeout:    r.Duration("SMTP_TIMEOUT", 30*time.Second),
+			SendingTimeout: r.Duration("EMAIL_SENDING_TIMEOUT", 5*time.Minute),
+			UnknownPolicy:  notify.UnknownPolicy(strings.ToLower(r.String("EMAIL_UNKNOWN_POLICY", string(notify.PolicyHold)))),
+			MaxAttempts:    r.Int("EMAIL_MAX_ATTEMPTS", 10, 1, 1000),
+			BackoffBase:    r.Duration("EMAIL_BACKOFF_BASE", time.Second),
+			BackoffCap:     r.Duration("EMAIL_BACKOFF_CAP", 10*time.Minute),
+			PollInterval:   r.Duration("EMAIL_POLL_INTERVAL", time.Second),
+		},
+		OrdersAPIURL:     r.String("ORDERS_API_URL", "http://127.0.0.1:8080"),
+		OrdersAPIToken:   r.String("ORDERS_API_TOKEN", ""),
+		OrdersAPITimeout: r.Duration("ORDERS_API_TIMEOUT", 5*time.Second),
+		GapWindow:        r.Duration("GAP_WINDOW", 30*time.Second),
+		Retention: RetentionConfig{
+			ProcessedEventTTL:      r.Duration("PROCESSED_EVENT_TTL", 30*24*time.Hour),
+			BrokerRedeliveryWindow: r.Duration("BROKER_REDELIVERY_WINDOW", 7*24*time.Hour),
+			BackupRetention:        r.Duration("BACKUP_RETENTION", 14*24*time.Hour),
+			CleanupInterval:        r.Duration("CLEANUP_INTERVAL", time.Hour),
+			CleanupBatch:           r.Int("CLEANUP_BATCH", 1000, 1, 100_000),
+		},
+	}
+
+	if err := c.Kafka.Conn.Validate(); err != nil {
+		r.Fail("KAFKA_*: %v", err)
+	}
+	if c.OrdersAPIToken == "" {
+		r.Fail("ORDERS_API_TOKEN is required: a service-role token of the orders API, used to resynchronise gaps")
+	}
+	if u, err := url.Parse(c.OrdersAPIURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		r.Fail("ORDERS_API_URL=%q: want an http(s) URL", c.OrdersAPIURL)
+	}
+	if a, err := mail.ParseAddress(c.Email.From); err != nil || a.Name != "" {
+		r.Fail("SMTP_FROM=%q: want a bare email address such as orders@example.com", c.Email.From)
+	}
+	switch c.Email.UnknownPolicy {
+	case notify.PolicyHold, notify.PolicyResend:
+	default:
+		r.Fail("EMAIL_UNKNOWN_POLICY=%q: want hold or resend", c.Email.UnknownPolicy)
+	}
+	// A live send must never be declared dead by the sweep: the sending
+	// timeout leaves the send timeout a wide margin.
+	if c.Email.SendingTimeout < 2*c.Email.SendTimeout {
+		r.Fail("EMAIL_SENDING_TIMEOUT (%s) must be at least twice SMTP_TIMEOUT (%s), or a slow send could be declared unknown while it is still running",
+			c.Email.SendingTimeout, c.Email.SendTimeout)
+	}
+	if c.Email.BackoffCap < c.Email.BackoffBase {
+		r.Fail("EMAIL_BACKOFF_CAP (%s) must not be below EMAIL_BACKOFF_BASE (%s)", c.Email.BackoffCap, c.Email.BackoffBase)
+	}
+	if c.ShutdownTimeout <= c.Email.SendTimeout {
+		r.Fail("SHUTDOWN_TIMEOUT (%s) must exceed SMTP_TIMEOUT (%s) so the email in flight can finish", c.ShutdownTimeout, c.Email.SendTimeout)
+	}
+	if err := inbox.CheckRetention(c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention); err != nil {
+		r.Fail("%v", err)
+	}
+	if err := r.Err(); err != nil {
+		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
+	}
+	return c, nil
+}
+
+// print writes the configuration with secrets masked.
+func (c Config) print(w io.Writer) {
+	fmt.Fprintf(w, "config: DATABASE_URL=%s HTTP_ADDR=%s SHUTDOWN_TIMEOUT=%s\n",
+		envconfig.MaskURL(c.DatabaseURL), c.HTTPAddr, c.ShutdownTimeout)
+	fmt.Fprintf(w, "config: kafka %s ORDERS_TOPIC=%s KAFKA_GROUP=%s KAFKA_INSTANCE_ID=%s KAFKA_SESSION_TIMEOUT=%s\n",
+		c.Kafka.Conn, c.Kafka.Topic, c.Kafka.Group, c.Kafka.InstanceID, c.Kafka.SessionTimeout)
+	fmt.Fprintf(w, "config: SMTP_ADDR=%s SMTP_FROM=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s\n",
+		c.Email.SMTPAddr, c.Email.From, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap)
+	fmt.Fprintf(w, "config: ORDERS_API_URL=%s ORDERS_API_TOKEN=%s GAP_WINDOW=%s\n",
+		envconfig.MaskURL(c.OrdersAPIURL), envconfig.Mask(c.OrdersAPIToken), c.GapWindow)
+	fmt.Fprintf(w, "config: PROCESSED_EVENT_TTL=%s BROKER_REDELIVERY_WINDOW=%s BACKUP_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d\n",
+		c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention, c.Retention.CleanupInterval, c.Retention.CleanupBatch)
+}

@@ -1,0 +1,296 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxref/orders/internal/notify"
+	"github.com/outboxref/orders/internal/notify/smtptest"
+	"github.com/outboxref/orders/internal/pgtest"
+)
+
+func envFrom(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+// TestRetentionRefused is C5: a processed_event TTL shorter than the
+// broker's redelivery window plus the backup retention is refused at
+// start-up, before anything connects.
+func TestRetentionRefused(t *testing.T) {
+	t.Parallel()
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"serve"}, envFrom(map[string]string{
+		"ORDERS_API_TOKEN":         "svc",
+		"PROCESSED_EVENT_TTL":      "72h",
+		"BROKER_REDELIVERY_WINDOW": "48h",
+		"BACKUP_RETENTION":         "48h",
+		"DATABASE_URL":             "postgres://nobody@127.0.0.1:1/none",
+	}), &out)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "PROCESSED_EVENT_TTL=72h0m0s is shorter than BROKER_REDELIVERY_WINDOW (48h0m0s) + BACKUP_RETENTION (48h0m0s)")
+	require.Empty(t, out.String(), "nothing started")
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Defaults", func(t *testing.T) {
+		t.Parallel()
+		c, err := loadConfig(envFrom(map[string]string{"ORDERS_API_TOKEN": "secret-token"}))
+		require.NoError(t, err)
+		require.Equal(t, "notifier", c.Kafka.Group)
+		require.Equal(t, "orders.events", c.Kafka.Topic)
+		require.Equal(t, ":8081", c.HTTPAddr)
+		require.Equal(t, notify.PolicyHold, c.Email.UnknownPolicy)
+		var out bytes.Buffer
+		c.print(&out)
+		require.NotContains(t, out.String(), "secret-token")
+		require.Contains(t, out.String(), "ORDERS_API_TOKEN=xxxxx")
+	})
+
+	t.Run("AllProblemsAtOnce", func(t *testing.T) {
+		t.Parallel()
+		_, err := loadConfig(envFrom(map[string]string{
+			"EMAIL_UNKNOWN_POLICY":  "retry",
+			"SMTP_TIMEOUT":          "1m",
+			"EMAIL_SENDING_TIMEOUT": "1m",
+			"KAFKA_SASL_MECHANISM":  "PLAIN",
+			"GAP_WINDOW":            "soon",
+		}))
+		require.Error(t, err)
+		for _, want := range []string{"ORDERS_API_TOKEN is required", "EMAIL_UNKNOWN_POLICY=\"retry\"",
+			"EMAIL_SENDING_TIMEOUT", "GAP_WINDOW", "SASL"} {
+			require.Contains(t, err.Error(), want)
+		}
+	})
+}
+
+// TestMigrate: migrate creates the database when it is missing and is
+// idempotent.
+func TestMigrate(t *testing.T) {
+	t.Parallel()
+	url, _ := scratchDatabaseURL(t)
+	env := envFrom(map[string]string{"DATABASE_URL": url})
+	var out bytes.Buffer
+	require.NoError(t, run(context.Background(), []string{"migrate"}, env, &out))
+	require.Contains(t, out.String(), "migrate: 2 applied")
+	out.Reset()
+	require.NoError(t, run(context.Background(), []string{"migrate"}, env, &out))
+	require.Contains(t, out.String(), "migrate: 0 applied", "second run applies nothing")
+}
+
+// scratchDatabaseURL names a database that does not exist yet and drops it
+// when the test ends.
+func scratchDatabaseURL(t *testing.T) (url, name string) {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(pgtest.ServerURL())
+	require.NoError(t, err)
+	name = "notifier_cmd_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
+	url = fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, pgtest.ServerURL())
+		if err != nil {
+			t.Errorf("drop %s: %v", name, err)
+			return
+		}
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		require.NoError(t, err)
+	})
+	return url, name
+}
+
+// TestServe runs the binary's serve command end to end: it migrates its
+// database, consumes an order's events from a Kafka cluster over TCP and
+// delivers exactly three emails to an SMTP server (placed, paid, cancelled;
+// the refund request sends none). Re-producing every record sends nothing
+// new and raises inbox_duplicates_total by the number of records. A
+// cancelled context shuts it down cleanly.
+func TestServe(t *testing.T) {
+	t.Parallel()
+	dbURL, _ := scratchDatabaseURL(t)
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, "orders.events"))
+	require.NoError(t, err)
+	t.Cleanup(cluster.Close)
+	broker := cluster.ListenAddrs()[0]
+	mail := smtptest.Start(t)
+	api := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(api.Close)
+	httpAddr := freeAddr(t)
+
+	env := envFrom(map[string]string{
+		"DATABASE_URL":          dbURL,
+		"KAFKA_BROKERS":         broker,
+		"KAFKA_INSTANCE_ID":     "notifier-test",
+		"KAFKA_SESSION_TIMEOUT": "6s",
+		"SMTP_ADDR":             mail.Addr,
+		"SMTP_TIMEOUT":          "5s",
+		"EMAIL_POLL_INTERVAL":   "50ms",
+		"HTTP_ADDR":             httpAddr,
+		"ORDERS_API_URL":        api.URL,
+		"ORDERS_API_TOKEN":      "svc-secret",
+	})
+	require.NoError(t, run(context.Background(), []string{"migrate"}, env, io.Discard))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve"}, env, out) }()
+	base := "http://" + httpAddr
+	require.Eventually(t, func() bool { return get(base+"/readyz") == http.StatusOK }, 20*time.Second, 50*time.Millisecond)
+	require.Equal(t, http.StatusOK, get(base+"/healthz"))
+
+	prod, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.DefaultProduceTopic("orders.events"))
+	require.NoError(t, err)
+	defer prod.Close()
+	orderID := uuid.New()
+	recs := orderRecords(t, orderID)
+	require.NoError(t, prod.ProduceSync(ctx, recs...).FirstErr())
+
+	require.Eventually(t, func() bool { return len(mail.Accepted()) == 3 }, 20*time.Second, 50*time.Millisecond)
+	var subjects []string
+	for i, m := range mail.Accepted() {
+		subjects = append(subjects, m.Subject)
+		require.Equal(t, notify.MessageID(uuid.MustParse(string(header(recs[i], "ce_id")))), m.MessageID)
+		require.Equal(t, []string{"alice@example.com"}, m.To)
+	}
+	short := orderID.String()[:8]
+	require.Equal(t, []string{"Order " + short + " received", "Payment received for order " + short, "Order " + short + " cancelled"}, subjects)
+
+	before := metricSum(t, base, "inbox_duplicates_total")
+	for _, r := range recs {
+		r.Partition, r.Offset = 0, 0
+	}
+	require.NoError(t, prod.ProduceSync(ctx, recs...).FirstErr())
+	require.Eventually(t, func() bool { return metricSum(t, base, "inbox_duplicates_total") == before+4 }, 20*time.Second, 50*time.Millisecond)
+	require.Len(t, mail.Received(), 3, "no new email for re-produced records")
+	require.Equal(t, 3.0, metricSum(t, base, `notifier_emails_total{result="sent"}`))
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+	logs := out.String()
+	require.Contains(t, logs, `"msg":"notifier stopped"`)
+	require.NotContains(t, logs, "svc-secret", "the token is never printed")
+	require.NotContains(t, logs, "BOOK-1", "payloads are never logged")
+	require.Contains(t, logs, `"aggregate_version":3`)
+}
+
+func orderRecords(t *testing.T, id uuid.UUID) []*kgo.Record {
+	t.Helper()
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	events := []struct {
+		typ     string
+		payload map[string]any
+	}{
+		{"order.placed", map[string]any{"customer": "alice", "email": "alice@example.com", "currency": "EUR", "total_cents": 2500,
+			"items": []map[string]any{{"sku": "BOOK-1", "quantity": 2, "unit_price_cents": 1250}}, "placed_at": now}},
+		{"order.paid", map[string]any{"email": "alice@example.com", "currency": "EUR", "total_cents": 2500, "paid_at": now}},
+		{"order.cancelled", map[string]any{"email": "alice@example.com", "previous_status": "paid", "cancelled_at": now}},
+		{"order.refund_requested", map[string]any{"currency": "EUR", "amount_cents": 2500, "requested_at": now}},
+	}
+	var recs []*kgo.Record
+	for i, e := range events {
+		e.payload["order_id"] = id.String()
+		value, err := json.Marshal(e.payload)
+		require.NoError(t, err)
+		h := func(k, v string) kgo.RecordHeader { return kgo.RecordHeader{Key: k, Value: []byte(v)} }
+		recs = append(recs, &kgo.Record{Key: []byte(id.String()), Value: value, Headers: []kgo.RecordHeader{
+			h("ce_specversion", "1.0"), h("ce_id", uuid.NewString()), h("ce_type", e.typ), h("ce_source", "/orders"),
+			h("ce_subject", id.String()), h("ce_time", now), h("content-type", "application/json"),
+			h("ce_aggregatetype", "order"), h("ce_aggregateversion", strconv.Itoa(i+1)), h("ce_schemaversion", "1"),
+		}})
+	}
+	return recs
+}
+
+func header(r *kgo.Record, key string) []byte {
+	for _, h := range r.Headers {
+		if h.Key == key {
+			return h.Value
+		}
+	}
+	return nil
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return addr
+}
+
+func get(url string) int {
+	resp, err := http.Get(url)
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// metricSum adds up every series whose line starts with prefix in the
+// /metrics exposition.
+func metricSum(t *testing.T, base, prefix string) float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		require.NoError(t, err)
+		sum += v
+	}
+	return sum
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxref/orders/internal/kafkaconf"
+	"github.com/outboxref/orders/internal/notify"
+)
+
+// runServe runs the notifier until ctx ends. Shutdown order: stop the HTTP
+// server, then the consumer (it finishes the record in hand and commits the
+// offsets of everything processed), then the email sender (it finishes the
+// email in flight and releases what it claimed but did not start).
+func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	cfg.print(stdout)
+	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("open database pool: %w", err)
+	}
+	defer pool.Close()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	kopts, err := cfg.Kafka.Conn.Options()
+	if err != nil {
+		return err
+	}
+	kopts = append(kopts, kgo.WithLogger(kafkaconf.Logger(log, kgo.LogLevelWarn)))
+	host, _ := os.Hostname()
+	svc, err := notify.NewService(pool, notify.Config{
+		Consumer: notify.ConsumerConfig{
+			Brokers: cfg.Kafka.Conn.Brokers, Topic: cfg.Kafka.Topic, Group: cfg.Kafka.Group,
+			InstanceID: cfg.Kafka.InstanceID, SessionTimeout: cfg.Kafka.SessionTimeout, ExtraOpts: kopts,
+		},
+		Sender: notify.SenderConfig{
+			From: cfg.Email.From, Owner: fmt.Sprintf("%s/%d", host, os.Getpid()), Policy: cfg.Email.UnknownPolicy,
+			BatchSize: 10, PollInterval: cfg.Email.PollInterval, SendingTimeout: cfg.Email.SendingTimeout,
+			MaxAttempts: cfg.Email.MaxAttempts, BackoffBase: cfg.Email.BackoffBase, BackoffCap: cfg.Email.BackoffCap,
+		},
+		Mailer:            &notify.SMTPMailer{Addr: cfg.Email.SMTPAddr, HeloName: cfg.Email.HeloName, Timeout: cfg.Email.SendTimeout},
+		Orders:            notify.NewOrdersClient(cfg.OrdersAPIURL, cfg.OrdersAPIToken, cfg.OrdersAPITimeout),
+		GapWindow:         cfg.GapWindow,
+		ResyncInterval:    min(max(cfg.GapWindow/4, 100*time.Millisecond), 5*time.Second),
+		ProcessedEventTTL: cfg.Retention.ProcessedEventTTL,
+		CleanupInterval:   cfg.Retention.CleanupInterval,
+		CleanupBatch:      cfg.Retention.CleanupBatch,
+		StatsInterval:     5 * time.Second,
+		Registerer:        reg,
+		Logger:            log,
+	})
+	if err != nil {
+		return err
+	}
+
+	srv := &http.Server{
+		Addr:              cfg.HTTPAddr,
+		Handler:           newHandler(pool, reg),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      15 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	serverErr := make(chan error, 1)
+	go func() { serverErr <- srv.ListenAndServe() }()
+
+	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	workDone := make(chan error, 1)
+	go func() { workDone <- svc.Run(workCtx) }()
+	log.Info("notifier started", "http_addr", cfg.HTTPAddr, "topic", cfg.Kafka.Topic, "group", cfg.Kafka.Group,
+		"unknown_policy", string(cfg.Email.UnknownPolicy), "pid", os.Getpid())
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutdown requested")
+	case err := <-serverErr:
+		runErr = fmt.Errorf("http server: %w", err)
+	case err := <-workDone:
+		workDone <- err
+		runErr = fmt.Errorf("notifier stopped unexpectedly: %v", err)
+		log.Error("notifier workers stopped; shutting down", "error", fmt.Sprint(err))
+	}
+
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("http shutdown incomplete", "error", err.Error())
+	}
+	stopWork()
+	select {
+	case err := <-workDone:
+		if err != nil && runErr == nil {
+			runErr = err
+		}
+	case <-shutdownCtx.Done():
+		return errors.New("notifier did not stop within SHUTDOWN_TIMEOUT")
+	}
+	log.Info("notifier stopped")
+	return runErr
+}
+
+// newHandler serves the unauthenticated operational endpoints (O3).
+// Readiness reflects the database only: a broker outage stops consumption
+// but is visible in the lag metric, and taking the notifier out of service
+// would not help.
+func newHandler(pool *pgxpool.Pool, reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := pool.Ping(ctx); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "database": "unreachable"})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "database": "ok",
+			"kafka": "not part of readiness; see notifier_consumer_lag"})
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
