@@ -92,7 +92,7 @@ func ensureTopic(ctx context.Context, conn []kgo.Opt, topic string, partitions i
 		if ctx.Err() != nil {
 			return
 		}
-		log.WarnContext(ctx, "create kafka topic failed; retrying in the background", "error", err, "retry_in", delay)
+		log.WarnContext(ctx, "create kafka topic failed; retrying in the background", "error", err, "retry_in", delay.String())
 		select {
 		case <-ctx.Done():
 			return

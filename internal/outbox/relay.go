@@ -265,8 +265,8 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	}()
 
 	r.log.InfoContext(ctx, "outbox relay started",
-		"topic", r.cfg.Topic, "batch_size", r.cfg.BatchSize, "lease", r.cfg.Lease,
-		"produce_timeout", r.cfg.ProduceTimeout, "poll_interval", r.cfg.PollInterval)
+		"topic", r.cfg.Topic, "batch_size", r.cfg.BatchSize, "lease", r.cfg.Lease.String(),
+		"produce_timeout", r.cfg.ProduceTimeout.String(), "poll_interval", r.cfg.PollInterval.String())
 	wait := time.NewTimer(0) // claim at once: rows may be waiting from before a restart
 	defer wait.Stop()
 	for {
