@@ -39,6 +39,9 @@ type KafkaConfig struct {
 	Group          string           // KAFKA_GROUP
 	InstanceID     string           // KAFKA_INSTANCE_ID: static membership when set
 	SessionTimeout time.Duration    // KAFKA_SESSION_TIMEOUT
+	// StartOffset is where a group without committed offsets begins:
+	// earliest (catch up on the topic's history) or latest.
+	StartOffset string // KAFKA_START_OFFSET
 }
 
 // EmailConfig is the SMTP relay and the send ledger's policy (C4).
@@ -85,6 +88,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			Group:          r.String("KAFKA_GROUP", "notifier"),
 			InstanceID:     r.String("KAFKA_INSTANCE_ID", ""),
 			SessionTimeout: r.Duration("KAFKA_SESSION_TIMEOUT", 15*time.Second),
+			StartOffset:    strings.ToLower(r.String("KAFKA_START_OFFSET", "earliest")),
 		},
 		Email: EmailConfig{
 			SMTPAddr:       r.String("SMTP_ADDR", "127.0.0.1:1025"),
@@ -113,6 +117,9 @@ func loadConfig(getenv func(string) string) (Config, error) {
 
 	if err := c.Kafka.Conn.Validate(); err != nil {
 		r.Fail("KAFKA_*: %v", err)
+	}
+	if c.Kafka.StartOffset != "earliest" && c.Kafka.StartOffset != "latest" {
+		r.Fail("KAFKA_START_OFFSET=%q: want earliest or latest", c.Kafka.StartOffset)
 	}
 	if c.OrdersAPIToken == "" {
 		r.Fail("ORDERS_API_TOKEN is required: a service-role token of the orders API, used to resynchronise gaps")
@@ -153,8 +160,8 @@ func loadConfig(getenv func(string) string) (Config, error) {
 func (c Config) print(w io.Writer) {
 	fmt.Fprintf(w, "config: DATABASE_URL=%s HTTP_ADDR=%s SHUTDOWN_TIMEOUT=%s\n",
 		envconfig.MaskURL(c.DatabaseURL), c.HTTPAddr, c.ShutdownTimeout)
-	fmt.Fprintf(w, "config: kafka %s ORDERS_TOPIC=%s KAFKA_GROUP=%s KAFKA_INSTANCE_ID=%s KAFKA_SESSION_TIMEOUT=%s\n",
-		c.Kafka.Conn, c.Kafka.Topic, c.Kafka.Group, c.Kafka.InstanceID, c.Kafka.SessionTimeout)
+	fmt.Fprintf(w, "config: kafka %s ORDERS_TOPIC=%s KAFKA_GROUP=%s KAFKA_INSTANCE_ID=%s KAFKA_SESSION_TIMEOUT=%s KAFKA_START_OFFSET=%s\n",
+		c.Kafka.Conn, c.Kafka.Topic, c.Kafka.Group, c.Kafka.InstanceID, c.Kafka.SessionTimeout, c.Kafka.StartOffset)
 	fmt.Fprintf(w, "config: SMTP_ADDR=%s SMTP_FROM=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s\n",
 		c.Email.SMTPAddr, c.Email.From, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap)
 	fmt.Fprintf(w, "config: ORDERS_API_URL=%s ORDERS_API_TOKEN=%s GAP_WINDOW=%s\n",

@@ -52,6 +52,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		Consumer: notify.ConsumerConfig{
 			Brokers: cfg.Kafka.Conn.Brokers, Topic: cfg.Kafka.Topic, Group: cfg.Kafka.Group,
 			InstanceID: cfg.Kafka.InstanceID, SessionTimeout: cfg.Kafka.SessionTimeout, ExtraOpts: kopts,
+			StartAtLatest: cfg.Kafka.StartOffset == "latest",
 		},
 		Sender: notify.SenderConfig{
 			From: cfg.Email.From, Owner: fmt.Sprintf("%s/%d", host, os.Getpid()), Policy: cfg.Email.UnknownPolicy,

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -28,6 +30,17 @@ type ConsumerConfig struct {
 	SessionTimeout time.Duration
 	// MaxPollRecords bounds one batch between offset commits.
 	MaxPollRecords int
+	// StartAtLatest makes a group without committed offsets start at the
+	// end of the topic instead of its beginning. The default (beginning)
+	// lets the notifier catch up on events published before it first ran;
+	// a new deployment next to a long-retention topic may prefer latest.
+	StartAtLatest bool
+	// MaxApplyAttempts bounds the attempts for a record whose processing
+	// fails with an error that retrying cannot fix (a constraint violation,
+	// a bug): it is then parked so it does not block its partition
+	// forever (C6). Infrastructure errors (connection, timeout, deadlock)
+	// are retried without limit, since parking would lose good events.
+	MaxApplyAttempts int
 	// ExtraOpts are added to the client (TLS, SASL, test tuning).
 	ExtraOpts []kgo.Opt
 }
@@ -72,6 +85,9 @@ func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, proj *
 	if cfg.MaxPollRecords <= 0 {
 		cfg.MaxPollRecords = 100
 	}
+	if cfg.MaxApplyAttempts <= 0 {
+		cfg.MaxApplyAttempts = 5
+	}
 	if log == nil {
 		log = slog.Default()
 	}
@@ -86,11 +102,15 @@ func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, proj *
 // commits the offsets of everything processed and leaves the group. It
 // never creates the topic.
 func (c *Consumer) Run(ctx context.Context) error {
+	start := kgo.NewOffset().AtStart()
+	if c.cfg.StartAtLatest {
+		start = kgo.NewOffset().AtEnd()
+	}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.cfg.Brokers...),
 		kgo.ConsumerGroup(c.cfg.Group),
 		kgo.ConsumeTopics(c.cfg.Topic),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.ConsumeResetOffset(start),
 		// Offsets are committed by hand, after the local commit (C1).
 		kgo.DisableAutoCommit(),
 		// A rebalance waits until the current batch is processed and its
@@ -149,10 +169,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return nil
 }
 
-// processWithRetry handles one record until it is processed or parked. A
-// failure (the database is down, a deadlock) is retried with backoff and
-// blocks the partition, because skipping the record would lose it. It
-// returns only when the consumer is stopping.
+// processWithRetry handles one record until it is processed or parked. An
+// infrastructure failure (the database is down, a deadlock) is retried with
+// backoff and blocks the partition, because skipping the record would lose
+// it; any other failure is retried MaxApplyAttempts times and then parked.
+// It returns early only when the consumer is stopping.
 func (c *Consumer) processWithRetry(ctx context.Context, r *kgo.Record) error {
 	delay := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
@@ -166,6 +187,16 @@ func (c *Consumer) processWithRetry(ctx context.Context, r *kgo.Record) error {
 		c.metrics.ConsumeErrors.Inc()
 		c.log.ErrorContext(ctx, "processing record failed; retrying", slog.String("topic", r.Topic), slog.Int("partition", int(r.Partition)),
 			slog.Int64("offset", r.Offset), slog.Int("attempt", attempt), slog.String("error", err.Error()))
+		if attempt >= c.cfg.MaxApplyAttempts && !transient(err) {
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+			e, _ := DecodeRecord(r)
+			perr := c.park(pctx, r, e, fmt.Errorf("processing failed %d times: %w", attempt, err))
+			cancel()
+			if perr == nil {
+				return nil
+			}
+			err = perr
+		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -187,7 +218,7 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) error {
 	if errors.Is(err, errPoison) {
 		return c.park(ctx, r, e, err)
 	}
-	log := c.log.With(e.LogAttrs()...)
+	log := c.log.With(append(e.LogAttrs(), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset))...)
 	res, err := c.inbox.Handle(ctx, c.pool, e, c.proj.Apply)
 	switch {
 	case errors.Is(err, errPoison) || errors.Is(err, inbox.ErrInvalidEvent):
@@ -222,6 +253,21 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) error {
 	}
 	c.markDone(r)
 	return nil
+}
+
+// transient reports whether err comes from the infrastructure rather than
+// from the record: such errors are retried for as long as it takes.
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code[:2] {
+		case "08", "40", "53", "57", "58": // connection, rollback (deadlock, serialization), resources, shutdown, system
+			return true
+		}
+		return pgErr.Code == "55P03" // lock_not_available
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || pgconn.SafeToRetry(err)
 }
 
 func (c *Consumer) ledgerState(ctx context.Context, e inbox.Event) (string, bool) {

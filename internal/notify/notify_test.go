@@ -558,3 +558,30 @@ func TestProject(t *testing.T) {
 		}
 	}
 }
+
+// TestDeterministicFailureParked: a record whose processing keeps failing
+// for a reason retrying cannot fix is parked after MaxApplyAttempts, so its
+// partition moves on (C6); the version it leaves missing is then a gap,
+// resolved from the orders API like any other.
+func TestDeterministicFailureParked(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	o := newOrder()
+	placed, paid := o.next(TypePlaced, nil), o.next(TypePaid, nil)
+	svc := e.startWith(func(s *Service) {
+		s.Projector.afterProjection = func(x inbox.Event) error {
+			if x.ID == placed.id {
+				return errors.New("a bug that fails this event every time")
+			}
+			return nil
+		}
+	}, withGapWindow(300*time.Millisecond))
+	e.orders.set(OrderSnapshot{ID: o.id, Email: o.email, Currency: "EUR", TotalCents: 2500, Status: "placed", Version: 1})
+	e.produceEvents(o, placed, paid)
+
+	e.waitLedger(o.id, "order.paid=sent")
+	require.Equal(t, 1, e.count("SELECT count(*) FROM inbox_parked_record WHERE event_id = $1 AND reason LIKE 'processing failed 5 times%'", placed.id.String()))
+	require.Equal(t, 5.0, svc.metric(t, "notifier_consume_errors_total"))
+	require.Equal(t, 1.0, svc.metric(t, "inbox_resyncs_total", "result", inbox.ResyncOK))
+	require.Equal(t, "paid", e.projection(o.id).Status)
+}
