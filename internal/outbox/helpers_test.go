@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -64,6 +65,7 @@ type env struct {
 	db    *pgtest.DB
 	kafka *kfake.Cluster
 	addrs []string
+	conn  []kgo.Opt // how clients reach the cluster: seed brokers, SASL
 }
 
 func setup(t *testing.T, opts ...kfake.Opt) *env {
@@ -72,7 +74,7 @@ func setup(t *testing.T, opts ...kfake.Opt) *env {
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
-	return &env{db: db, kafka: c, addrs: c.ListenAddrs()}
+	return &env{db: db, kafka: c, addrs: c.ListenAddrs(), conn: []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}}
 }
 
 func testLogger() *slog.Logger {
@@ -87,7 +89,7 @@ func (e *env) relay(t *testing.T, mod func(*outbox.Config)) *outbox.Relay {
 	t.Helper()
 	cfg := outbox.Config{
 		Pool:         e.db.Pool,
-		Kafka:        []kgo.Opt{kgo.SeedBrokers(e.addrs...)},
+		Kafka:        e.conn,
 		Topic:        topic,
 		Source:       "urn:outboxref:test",
 		Types:        testTypes(),
@@ -256,7 +258,7 @@ func (e *env) readAll(t *testing.T) []record {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	admin, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...))
+	admin, err := kgo.NewClient(e.conn...)
 	require.NoError(t, err)
 	defer admin.Close()
 	ends, err := kadm.NewClient(admin).ListEndOffsets(ctx, topic)
@@ -273,8 +275,8 @@ func (e *env) readAll(t *testing.T) []record {
 	if len(want) == 0 {
 		return nil
 	}
-	cl, err := kgo.NewClient(kgo.SeedBrokers(e.addrs...),
-		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: want}))
+	cl, err := kgo.NewClient(append(slices.Clone(e.conn),
+		kgo.ConsumePartitions(map[string]map[int32]kgo.Offset{topic: want}))...)
 	require.NoError(t, err)
 	defer cl.Close()
 

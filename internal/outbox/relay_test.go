@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/outbox"
 )
 
@@ -64,4 +66,18 @@ func TestRoundTrip(t *testing.T) {
 		require.True(t, ceTime.Equal(createdAt))
 		require.True(t, json.Valid(rec.Value))
 	}
+}
+
+// TestRelayOverSASL: the relay reaches a cluster that requires SCRAM, with
+// the connection options the services build from their environment.
+func TestRelayOverSASL(t *testing.T) {
+	t.Parallel()
+	e := setup(t, kfake.EnableSASL(), kfake.Superuser(kafkaconf.ScramSHA512, "relay", "secret"))
+	conn, err := kafkaconf.Config{Brokers: e.addrs, SASLMechanism: kafkaconf.ScramSHA512, SASLUsername: "relay", SASLPassword: "secret"}.Options()
+	require.NoError(t, err)
+	e.conn = conn
+	ev := e.insert(t, event("sasl", 1))[0]
+	start(t, e.relay(t, nil))
+	e.waitDelivered(t, 10*time.Second)
+	require.Equal(t, 1, ids(e.readAll(t))[ev.ID])
 }
