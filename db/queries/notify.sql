@@ -119,3 +119,15 @@ WHERE operation_key = @operation_key AND state IN ('unknown', 'failed');
 
 -- name: EmailSendCountByState :many
 SELECT state, count(*) AS n FROM email_send GROUP BY state;
+
+-- name: EmailSendCleanup :execrows
+-- Deletes one batch of sent emails older than the retention. Unknown and
+-- failed rows are kept until an operator resolves them.
+DELETE FROM email_send
+WHERE operation_key IN (
+    SELECT e.operation_key FROM email_send e
+    WHERE e.state = 'sent'
+      AND e.created_at < clock_timestamp() - make_interval(secs => @ttl_seconds::float8)
+    ORDER BY e.created_at, e.operation_key
+    LIMIT @batch_size
+);

@@ -152,6 +152,12 @@ func (s *Service) maintenanceLoop(ctx context.Context) {
 			} else if n > 0 {
 				s.log.InfoContext(ctx, "processed_event cleanup", slog.Int64("deleted", n), slog.Duration("ttl", s.cfg.ProcessedEventTTL))
 			}
+			n, err = CleanupLedger(ctx, s.pool, s.cfg.ProcessedEventTTL, s.cfg.CleanupBatch)
+			if err != nil && ctx.Err() == nil {
+				s.log.ErrorContext(ctx, "email ledger cleanup failed", slog.String("error", err.Error()))
+			} else if n > 0 {
+				s.log.InfoContext(ctx, "email ledger cleanup", slog.Int64("deleted", n))
+			}
 		}
 	}
 }

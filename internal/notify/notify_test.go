@@ -585,3 +585,28 @@ func TestDeterministicFailureParked(t *testing.T) {
 	require.Equal(t, 1.0, svc.metric(t, "inbox_resyncs_total", "result", inbox.ResyncOK))
 	require.Equal(t, "paid", e.projection(o.id).Status)
 }
+
+// TestCleanupLedger: sent rows past the retention go, in batches; rows an
+// operator still has to look at stay.
+func TestCleanupLedger(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	ib, err := inbox.New(inbox.Config{GapWindow: time.Minute})
+	require.NoError(t, err)
+	for range 5 {
+		o := newOrder()
+		evt, err := DecodeRecord(o.record(t, o.next(TypePlaced, nil)))
+		require.NoError(t, err)
+		_, err = ib.Handle(ctx, e.pool, evt, NewProjector(nil).Apply)
+		require.NoError(t, err)
+	}
+	_, err = e.pool.Exec(ctx, `UPDATE email_send SET state = 'sent', created_at = now() - interval '2 hours'`)
+	require.NoError(t, err)
+	_, err = e.pool.Exec(ctx, `UPDATE email_send SET state = 'unknown' WHERE operation_key = (SELECT min(operation_key) FROM email_send)`)
+	require.NoError(t, err)
+	n, err := CleanupLedger(ctx, e.pool, time.Hour, 2)
+	require.NoError(t, err)
+	require.Equal(t, int64(4), n)
+	require.Equal(t, 1, e.count("SELECT count(*) FROM email_send WHERE state = 'unknown'"))
+}

@@ -266,6 +266,24 @@ func RefreshLedgerStats(ctx context.Context, db notifydb.DBTX, m *Metrics) error
 	return nil
 }
 
+// CleanupLedger deletes sent ledger rows older than ttl in batches of
+// batchSize, each batch its own short statement. The notifier uses the
+// processed_event TTL: a redelivery older than that is a duplicate by
+// version anyway, and no longer needs its ledger row to be recognised.
+func CleanupLedger(ctx context.Context, db notifydb.DBTX, ttl time.Duration, batchSize int) (int64, error) {
+	var total int64
+	for {
+		n, err := notifydb.New(db).EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize)})
+		if err != nil {
+			return total, fmt.Errorf("clean up sent emails: %w", err)
+		}
+		total += n
+		if n < int64(batchSize) {
+			return total, nil
+		}
+	}
+}
+
 // ErrNotResolvable is returned by ResolveEmail for a row that is not
 // unknown or failed.
 var ErrNotResolvable = errors.New("email is not unknown or failed")

@@ -57,6 +57,10 @@ CREATE TABLE email_send (
 CREATE INDEX email_send_due_idx ON email_send (next_attempt_at)
     WHERE state IN ('pending', 'unknown');
 
+-- Retention cleanup of sent emails, oldest first.
+CREATE INDEX email_send_sent_cleanup_idx ON email_send (created_at, operation_key)
+    WHERE state = 'sent';
+
 -- The stuck-send sweep.
 CREATE INDEX email_send_sending_idx ON email_send (sending_since)
     WHERE state = 'sending';

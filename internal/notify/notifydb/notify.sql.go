@@ -87,6 +87,32 @@ func (q *Queries) EmailSendClaim(ctx context.Context, arg EmailSendClaimParams) 
 	return items, nil
 }
 
+const emailSendCleanup = `-- name: EmailSendCleanup :execrows
+DELETE FROM email_send
+WHERE operation_key IN (
+    SELECT e.operation_key FROM email_send e
+    WHERE e.state = 'sent'
+      AND e.created_at < clock_timestamp() - make_interval(secs => $1::float8)
+    ORDER BY e.created_at, e.operation_key
+    LIMIT $2
+)
+`
+
+type EmailSendCleanupParams struct {
+	TtlSeconds float64
+	BatchSize  int32
+}
+
+// Deletes one batch of sent emails older than the retention. Unknown and
+// failed rows are kept until an operator resolves them.
+func (q *Queries) EmailSendCleanup(ctx context.Context, arg EmailSendCleanupParams) (int64, error) {
+	result, err := q.db.Exec(ctx, emailSendCleanup, arg.TtlSeconds, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const emailSendCountByState = `-- name: EmailSendCountByState :many
 SELECT state, count(*) AS n FROM email_send GROUP BY state
 `
