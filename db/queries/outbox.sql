@@ -84,9 +84,10 @@ RETURNING o.event_id;
 
 -- name: OutboxRelease :many
 -- Gives leased events back after anything but an acknowledgement, in one
--- statement for the whole batch, fenced by the lease token like the confirm:
+-- statement for the whole batch, fenced by the lease token like the confirm.
+-- Every release counts one attempt.
 --   * a transient failure (unknown outcome, R3) stays pending with the
---     retry bookkeeping of R4: attempts+1, error class and bounded text, and
+--     retry bookkeeping of R4: error class, bounded text, and
 --     next_attempt_at pushed out by the caller's backoff;
 --   * a deterministic failure (R5) is parked with its reason;
 --   * a relay stopping (R9) releases with no delay so a successor can claim

@@ -7,6 +7,17 @@
 // a change the broker will never hear about, or the broker holds an event for
 // a change that rolled back. The package knows nothing about the business
 // domain; services describe their event types with EventType.
+//
+// Relay closes the windows of delivery. It leases rows in a short claim
+// transaction and sends them with no transaction open (R1); a relay that
+// dies at any point leaves either an unleased row or a lease that expires,
+// so a successor sends the row again with the same event_id (R3). It
+// confirms a row only after the broker's acknowledgement and only while it
+// still holds the lease token (R2), so a relay that stalled past its lease
+// cannot overwrite its successor's claim. Broker errors and timeouts are
+// unknown outcomes, retried with a backoff stored in the row (R4); events
+// that can never be sent are parked (R5). Delivery is therefore at least
+// once: consumers deduplicate on event_id.
 package outbox
 
 import (
