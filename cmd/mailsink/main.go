@@ -114,13 +114,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	ss.ReadTimeout, ss.WriteTimeout = time.Minute, time.Minute
 	ss.MaxMessageBytes = 10 << 20
 	ss.AllowInsecureAuth = true
-	sl, err := net.Listen("tcp", smtpAddr)
+	var lc net.ListenConfig
+	sl, err := lc.Listen(ctx, "tcp", smtpAddr)
 	if err != nil {
 		return fmt.Errorf("listen smtp: %w", err)
 	}
 	hs := &http.Server{Addr: httpAddr, Handler: handler(st), ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, IdleTimeout: time.Minute}
-	hl, err := net.Listen("tcp", httpAddr)
+	hl, err := lc.Listen(ctx, "tcp", httpAddr)
 	if err != nil {
 		sl.Close()
 		return fmt.Errorf("listen http: %w", err)

@@ -22,9 +22,10 @@ var ErrProjectionRegressed = errors.New("notify: projection would move backwards
 // email intents into the send ledger, in the caller's transaction.
 type Projector struct {
 	log *slog.Logger
-	// afterProjection, when set, runs after the projection update and
-	// before the ledger write: the fault-injection point of the V4 test.
-	afterProjection func(inbox.Event) error
+	// afterWrites, when set, runs after the projection update and the
+	// ledger write, inside the transaction: the fault-injection point of
+	// the V4 tests.
+	afterWrites func(context.Context, pgx.Tx, inbox.Event) error
 }
 
 // NewProjector returns a Projector.
@@ -71,16 +72,15 @@ func (p *Projector) Apply(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
 	if n != 1 {
 		return fmt.Errorf("%w: order %s, event v%d", ErrProjectionRegressed, orderID, e.AggregateVersion)
 	}
-	if p.afterProjection != nil {
-		if err := p.afterProjection(e); err != nil {
+	if mail != nil {
+		if _, err := enqueueEmail(ctx, q, *mail); err != nil {
 			return err
 		}
 	}
-	if mail == nil {
-		return nil
-	}
-	if _, err := enqueueEmail(ctx, q, *mail); err != nil {
-		return err
+	if p.afterWrites != nil {
+		if err := p.afterWrites(ctx, tx, e); err != nil {
+			return err
+		}
 	}
 	return nil
 }

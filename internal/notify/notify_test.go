@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -104,8 +105,15 @@ func TestFailureAfterProjectionRollsBackEverything(t *testing.T) {
 	ib, err := inbox.New(inbox.Config{GapWindow: time.Minute})
 	require.NoError(t, err)
 	proj := NewProjector(slog.New(slog.NewJSONHandler(io.Discard, nil)))
-	injected := errors.New("injected failure after the projection update")
-	proj.afterProjection = func(inbox.Event) error { return injected }
+	injected := errors.New("injected failure after the projection update and the ledger write")
+	proj.afterWrites = func(ctx context.Context, tx pgx.Tx, _ inbox.Event) error {
+		// Inside the transaction all three writes are there...
+		var n int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT (SELECT count(*) FROM processed_event) + (SELECT count(*) FROM order_projection)
+			+ (SELECT count(*) FROM email_send)`).Scan(&n))
+		require.Equal(t, 3, n)
+		return injected // ...and then the business step fails.
+	}
 
 	o := newOrder()
 	rec := o.record(t, o.next(TypePlaced, nil))
@@ -120,7 +128,7 @@ func TestFailureAfterProjectionRollsBackEverything(t *testing.T) {
 	require.Zero(t, e.count("SELECT count(*) FROM inbox_aggregate WHERE last_version > 0"))
 
 	// Redelivery: the same record, now without the failure.
-	proj.afterProjection = nil
+	proj.afterWrites = nil
 	res, err := ib.Handle(ctx, e.pool, evt, proj.Apply)
 	require.NoError(t, err)
 	require.Equal(t, inbox.Applied, res.Outcome, "the redelivered event is processed, not taken for a duplicate")
@@ -140,7 +148,7 @@ func TestFailureWhileConsumingIsRetried(t *testing.T) {
 	e := newEnv(t)
 	var failures int
 	svc := e.startWith(func(s *Service) {
-		s.Projector.afterProjection = func(inbox.Event) error {
+		s.Projector.afterWrites = func(context.Context, pgx.Tx, inbox.Event) error {
 			if failures < 2 {
 				failures++
 				return errors.New("injected")
@@ -569,7 +577,7 @@ func TestDeterministicFailureParked(t *testing.T) {
 	o := newOrder()
 	placed, paid := o.next(TypePlaced, nil), o.next(TypePaid, nil)
 	svc := e.startWith(func(s *Service) {
-		s.Projector.afterProjection = func(x inbox.Event) error {
+		s.Projector.afterWrites = func(_ context.Context, _ pgx.Tx, x inbox.Event) error {
 			if x.ID == placed.id {
 				return errors.New("a bug that fails this event every time")
 			}

@@ -6,6 +6,7 @@ package smtptest
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -57,7 +58,8 @@ type Server struct {
 // ends. Every message is accepted until SetBehaviour says otherwise.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("smtptest: listen: %v", err)
 	}
