@@ -174,6 +174,19 @@ func (s *service) metric(t *testing.T, name string, labels ...string) float64 {
 	return sum
 }
 
+// waitMetric waits for a metric to reach want. Metrics are updated right
+// after the database work they count, so a test that has just seen the
+// database change waits a moment for the metric too.
+func waitMetric(t *testing.T, s *service, want float64, name string, labels ...string) {
+	t.Helper()
+	var got float64
+	ok := assertEventually(func() bool {
+		got = s.metric(t, name, labels...)
+		return got == want
+	})
+	require.True(t, ok, "metric %s%v: got %v, want %v", name, labels, got, want)
+}
+
 // order is a fixture factory for one order's event stream, in the relay's
 // record format (R7).
 type order struct {

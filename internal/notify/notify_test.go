@@ -43,7 +43,7 @@ func TestHappyPath(t *testing.T) {
 	require.Equal(t, int64(2500), *p.RefundRequestedCents)
 	require.Equal(t, "alice@example.com", p.Email)
 	e.eventually(func() bool { return svc.metric(t, "notifier_consume_latency_seconds") == 4 }, "latency observed per applied event")
-	require.Equal(t, 3.0, svc.metric(t, "notifier_emails_total", "result", ResultSent))
+	waitMetric(t, svc, 3.0, "notifier_emails_total", "result", ResultSent)
 
 	// Re-producing every record of the order sends nothing new, and each
 	// copy is counted as a duplicate.
@@ -160,7 +160,7 @@ func TestFailureWhileConsumingIsRetried(t *testing.T) {
 	placed := o.next(TypePlaced, nil)
 	e.produceEvents(o, placed)
 	e.waitLedger(o.id, "order.placed=sent")
-	require.Equal(t, 2.0, svc.metric(t, "notifier_consume_errors_total"))
+	waitMetric(t, svc, 2.0, "notifier_consume_errors_total")
 	require.Equal(t, 1, e.smtp.Count(MessageID(placed.id)))
 	require.Equal(t, 1, e.count("SELECT count(*) FROM processed_event"))
 }
@@ -181,7 +181,7 @@ func TestGaps(t *testing.T) {
 			return e.count("SELECT count(*) FROM inbox_held_event WHERE event_id = $1", shipped.id) == 1
 		}, "v3 held")
 		e.waitLedger(o.id, "order.placed=sent")
-		require.Equal(t, 1.0, svc.metric(t, "inbox_gaps_total", "event_type", TypeShipped))
+		waitMetric(t, svc, 1.0, "inbox_gaps_total", "event_type", TypeShipped)
 		require.Equal(t, int64(1), e.projection(o.id).Version)
 		// The hold is durable: the offset of v3 is committed while v3 waits.
 		e.eventually(func() bool { return e.committedOffset(partitionOf(t, e, o)) == 2 }, "offset of the held record committed")
@@ -226,8 +226,8 @@ func TestGaps(t *testing.T) {
 		p := e.projection(o.id)
 		require.Equal(t, "cancelled", p.Status, "held v3 and v4 applied on top of the v2 snapshot")
 		require.Equal(t, int64(4), p.Version)
-		require.Equal(t, 1.0, svc.metric(t, "inbox_resyncs_total", "result", inbox.ResyncOK))
-		require.Equal(t, 2.0, svc.metric(t, "inbox_gaps_total"))
+		waitMetric(t, svc, 1.0, "inbox_resyncs_total", "result", inbox.ResyncOK)
+		waitMetric(t, svc, 2.0, "inbox_gaps_total")
 
 		// The lost v2 shows up late: it is old news, state stays at v4.
 		e.produceEvents(o, paid)
@@ -273,7 +273,7 @@ func TestGaps(t *testing.T) {
 		e.eventually(func() bool {
 			return e.count("SELECT count(*) FROM inbox_held_event WHERE event_id = $1 AND state = 'parked' AND park_reason LIKE '%not found%'", shipped.id) == 1
 		}, "held event parked with the 404 reason")
-		require.Equal(t, 1.0, svc.metric(t, "inbox_resyncs_total", "result", inbox.ResyncNotFound))
+		waitMetric(t, svc, 1.0, "inbox_resyncs_total", "result", inbox.ResyncNotFound)
 		e.eventually(func() bool { return svc.metric(t, "inbox_parked_events") == 1 }, "parked gauge")
 		require.Equal(t, int64(1), e.projection(o.id).Version)
 	})
@@ -327,7 +327,7 @@ func TestSMTP(t *testing.T) {
 		syncPoint(e)
 		syncPoint(e)
 		require.Equal(t, 1, e.smtp.Count(MessageID(placed.id)), "no automatic resend under hold")
-		require.Equal(t, 1.0, svc.metric(t, "notifier_emails_total", "result", ResultUnknown))
+		waitMetric(t, svc, 1.0, "notifier_emails_total", "result", ResultUnknown)
 		e.eventually(func() bool { return svc.metric(t, "notifier_email_ledger_rows", "state", StateUnknown) == 1 }, "unknown visible in metrics")
 		require.Equal(t, 1.0, svc.metric(t, "notifier_email_unknown_policy", "policy", "hold"))
 
@@ -356,8 +356,8 @@ func TestSMTP(t *testing.T) {
 			}
 		}
 		require.Len(t, ids, 2, "exactly one resend")
-		require.Equal(t, 1.0, svc.metric(t, "notifier_email_resends_total"))
-		require.Equal(t, 1.0, svc.metric(t, "notifier_emails_total", "result", ResultUnknown))
+		waitMetric(t, svc, 1.0, "notifier_email_resends_total")
+		waitMetric(t, svc, 1.0, "notifier_emails_total", "result", ResultUnknown)
 	})
 
 	t.Run("TransientRetried", func(t *testing.T) {
@@ -375,7 +375,7 @@ func TestSMTP(t *testing.T) {
 		e.produceEvents(o, placed)
 		e.waitLedger(o.id, "order.placed=sent")
 		require.Equal(t, int32(3), e.ledger(o.id)[0].Attempts)
-		require.Equal(t, 2.0, svc.metric(t, "notifier_emails_total", "result", ResultTransient))
+		waitMetric(t, svc, 2.0, "notifier_emails_total", "result", ResultTransient)
 		require.Len(t, e.smtp.Accepted(), 1)
 	})
 
@@ -398,7 +398,7 @@ func TestSMTP(t *testing.T) {
 		require.Equal(t, "permanent", *row.LastErrorClass)
 		require.Contains(t, *row.LastError, "554")
 		require.Equal(t, 1, e.smtp.Count(MessageID(placed.id)), "a 5xx is not retried")
-		require.Equal(t, 1.0, svc.metric(t, "notifier_emails_total", "result", ResultFailed))
+		waitMetric(t, svc, 1.0, "notifier_emails_total", "result", ResultFailed)
 	})
 
 	t.Run("StuckSendingBecomesUnknown", func(t *testing.T) {
@@ -422,7 +422,7 @@ func TestSMTP(t *testing.T) {
 		require.Equal(t, "sending_timeout", *e.ledger(o.id)[0].LastErrorClass)
 		syncPoint(e)
 		require.Zero(t, e.smtp.Count(MessageID(placed.id)), "a crashed send is never silently resent")
-		require.Equal(t, 1.0, svc.metric(t, "notifier_emails_total", "result", ResultUnknown))
+		waitMetric(t, svc, 1.0, "notifier_emails_total", "result", ResultUnknown)
 	})
 }
 
@@ -589,8 +589,8 @@ func TestDeterministicFailureParked(t *testing.T) {
 
 	e.waitLedger(o.id, "order.paid=sent")
 	require.Equal(t, 1, e.count("SELECT count(*) FROM inbox_parked_record WHERE event_id = $1 AND reason LIKE 'processing failed 5 times%'", placed.id.String()))
-	require.Equal(t, 5.0, svc.metric(t, "notifier_consume_errors_total"))
-	require.Equal(t, 1.0, svc.metric(t, "inbox_resyncs_total", "result", inbox.ResyncOK))
+	waitMetric(t, svc, 5.0, "notifier_consume_errors_total")
+	waitMetric(t, svc, 1.0, "inbox_resyncs_total", "result", inbox.ResyncOK)
 	require.Equal(t, "paid", e.projection(o.id).Status)
 }
 
