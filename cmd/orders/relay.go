@@ -106,7 +106,7 @@ func ensureTopic(ctx context.Context, conn []kgo.Opt, topic string, partitions i
 // database. It serves /metrics, /healthz and /readyz on RELAY_METRICS_ADDR
 // and stops gracefully when ctx ends (R9).
 func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	cfg, err := loadConfig(getenv)
+	cfg, err := loadRelayConfig(getenv)
 	if err != nil {
 		return err
 	}

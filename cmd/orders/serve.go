@@ -70,9 +70,11 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
-	relayDone := make(chan error, 1)
+	// relayDone stays nil (never ready) when the relay is disabled.
+	var relayDone chan error
 	nudge := func() {}
 	if cfg.Relay.Enabled {
+		relayDone = make(chan error, 1)
 		relay, err := startRelay(relayCtx, cfg, pool, log, reg, orderEventTypes())
 		if err != nil {
 			return err
@@ -80,7 +82,11 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		nudge = relay.Nudge
 		go func() { relayDone <- relay.Run(relayCtx) }()
 	} else {
-		relayDone <- nil
+		// The backlog metrics come from the table, so this process still
+		// shows a growing age when the relays elsewhere stop (O1).
+		if err := reg.Register(outbox.NewStatsCollector(pool, orderEventTypes(), log)); err != nil {
+			return fmt.Errorf("register outbox metrics: %w", err)
+		}
 		log.Info("relay disabled (RELAY_ENABLED=false); run `orders relay` elsewhere to deliver events")
 	}
 
@@ -109,7 +115,9 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		log.Info("shutdown requested")
 	case err := <-serverErr:
 		stopRelay()
-		<-relayDone
+		if relayDone != nil {
+			<-relayDone
+		}
 		return fmt.Errorf("http server: %w", err)
 	case err := <-relayDone:
 		relayDone <- err
@@ -122,13 +130,15 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		log.Warn("http shutdown incomplete", "error", err.Error())
 	}
 	stopRelay()
-	select {
-	case err := <-relayDone:
-		if err != nil && !errors.Is(err, context.Canceled) {
-			return fmt.Errorf("relay: %w", err)
+	if relayDone != nil {
+		select {
+		case err := <-relayDone:
+			if err != nil && !errors.Is(err, context.Canceled) {
+				return fmt.Errorf("relay: %w", err)
+			}
+		case <-shutdownCtx.Done():
+			return errors.New("relay did not stop within SHUTDOWN_TIMEOUT")
 		}
-	case <-shutdownCtx.Done():
-		return errors.New("relay did not stop within SHUTDOWN_TIMEOUT")
 	}
 	log.Info("orders service stopped")
 	return nil
