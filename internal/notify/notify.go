@@ -69,6 +69,16 @@ func NewService(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	if cfg.Registerer == nil {
 		cfg.Registerer = prometheus.NewRegistry()
 	}
+	switch {
+	case cfg.Mailer == nil:
+		return nil, errors.New("notify: a Mailer is required")
+	case cfg.Orders == nil:
+		return nil, errors.New("notify: an orders API client is required for gap resync")
+	case cfg.ResyncInterval <= 0 || cfg.StatsInterval <= 0 || cfg.CleanupInterval <= 0 || cfg.Sender.PollInterval <= 0:
+		return nil, errors.New("notify: resync, stats, cleanup and sender poll intervals must be positive")
+	case cfg.ProcessedEventTTL <= 0 || cfg.CleanupBatch <= 0:
+		return nil, errors.New("notify: processed_event TTL and cleanup batch must be positive")
+	}
 	ib, err := inbox.New(inbox.Config{GapWindow: cfg.GapWindow, ResyncRetry: cfg.GapWindow, Registerer: cfg.Registerer, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err

@@ -74,6 +74,16 @@ func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, 
 	if cfg.Owner == "" {
 		cfg.Owner = "notifier"
 	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 10
+	}
+	if cfg.Policy == "" {
+		cfg.Policy = PolicyHold
+	}
+	if cfg.BackoffBase <= 0 {
+		cfg.BackoffBase = time.Second
+	}
+	cfg.BackoffCap = max(cfg.BackoffCap, cfg.BackoffBase)
 	if log == nil {
 		log = slog.Default()
 	}
