@@ -151,7 +151,10 @@ func EnsureDatabase(ctx context.Context, databaseURL string) error {
 	}
 	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P04" { // duplicate_database: a concurrent creator won
+	// A concurrent creator won: PostgreSQL reports duplicate_database, or,
+	// when both got past the existence check at once, a unique violation
+	// on pg_database's name index.
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505") {
 		return nil
 	}
 	if err != nil {
