@@ -30,19 +30,37 @@ echo "building binaries into $state/bin"
 go build -o "$state/bin/" ./cmd/...
 
 pids=()
+rm -f "$state/stopping"
 cleanup() {
   trap - INT TERM EXIT
   echo; echo "stopping demo"
-  for ((i=${#pids[@]}-1; i>=0; i--)); do kill "${pids[i]}" 2>/dev/null || true; done
+  touch "$state/stopping"
+  for ((i=${#pids[@]}-1; i>=0; i--)); do
+    pkill -TERM -P "${pids[i]}" 2>/dev/null || true
+    kill "${pids[i]}" 2>/dev/null || true
+  done
   wait 2>/dev/null || true
+  rm -f "$state/stopping"
 }
 trap cleanup INT TERM EXIT
 
-start() { # name, command...
+# supervise runs a service and restarts it whenever it exits, like a
+# container with a restart policy: kill -9 any of them to watch the outbox
+# and the inbox recover.
+supervise() { # name, command...
   local name=$1; shift
-  "$@" >>"$state/logs/$name.log" 2>&1 &
+  while [ ! -e "$state/stopping" ]; do
+    "$@" >>"$state/logs/$name.log" 2>&1 || true
+    [ -e "$state/stopping" ] && break
+    echo "$(date +%T) $name exited; restarting it (log $state/logs/$name.log)"
+    sleep 1
+  done
+}
+
+start() { # name, command...
+  supervise "$@" &
   pids+=($!)
-  echo "started $name (pid $!, log $state/logs/$name.log)"
+  echo "started $1 (log $state/logs/$1.log)"
 }
 
 wait_http() { # url, name
@@ -85,12 +103,15 @@ Place an order:
     -H 'Content-Type: application/json' \\
     -d '{"email":"alice@example.com","currency":"EUR","items":[{"sku":"BOOK-1","quantity":2,"unit_price_cents":1250}]}'
 
-Watch the events (kcat from Debian's kcat package):
+Watch the events (kcat; on Debian: apt-get install kcat):
   kcat -C -b $BROKER -t $ORDERS_TOPIC -f 'partition %p offset %o key %k\nheaders %h\n%s\n\n'
+
+Crash it: every service is restarted when it exits, so try
+  pkill -9 -f '$state/bin/orders serve'
+while orders are being created; no committed event is lost (check the outbox
+and the topic).
 
 Press Ctrl-C to stop.
 MSG
 
-# Stop everything as soon as one process dies.
-wait -n "${pids[@]}" || true
-echo "a demo process exited; see $state/logs/" >&2
+wait
