@@ -1,6 +1,6 @@
 module github.com/outboxref/orders
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/emersion/go-smtp v0.25.1
