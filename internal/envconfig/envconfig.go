@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -91,14 +92,38 @@ func (r *Reader) Duration(name string, def time.Duration) time.Duration {
 	return d
 }
 
-// MaskURL hides the password of a URL for printing.
+// keywordPassword matches the password settings of a keyword/value
+// connection string ("host=db password='s e cret'"), quoted or not.
+var keywordPassword = regexp.MustCompile(`(?i)\b(\w*password\s*=\s*)('(?:[^'\\]|\\.)*'|\S*)`)
+
+// MaskURL hides the passwords of a connection string for printing. pgx
+// takes a password in the URL's userinfo, in a password query parameter,
+// or in the keyword/value form, so all three are masked. A URL that does
+// not parse is hidden whole: where its password sits cannot be known.
 func MaskURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
+	if !strings.Contains(raw, "://") {
+		return keywordPassword.ReplaceAllString(raw, "${1}xxxxx")
 	}
-	if _, ok := u.User.Password(); ok {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable URL, hidden)"
+	}
+	if u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
+	}
+	if q := u.Query(); len(q) > 0 {
+		masked := false
+		for k := range q {
+			if strings.Contains(strings.ToLower(k), "password") {
+				q.Set(k, "xxxxx")
+				masked = true
+			}
+		}
+		if masked {
+			u.RawQuery = q.Encode()
+		}
 	}
 	return u.String()
 }
