@@ -50,6 +50,13 @@ WHERE resync_after <= clock_timestamp()
 ORDER BY resync_after
 LIMIT @row_limit;
 
+-- name: InboxGapsOverdueCount :one
+-- Aggregates whose gap is older than the window, whether or not a resync is
+-- scheduled: a failed or stale resync pushes resync_after forward, but the
+-- gap is still unresolved and must keep alerting.
+SELECT count(*) FROM inbox_aggregate
+WHERE gap_since <= clock_timestamp() - make_interval(secs => @window_seconds::float8);
+
 -- name: ProcessedEventInsert :one
 -- The dedup marker. No row comes back when the event_id is already known:
 -- the caller treats that as a duplicate and changes nothing.

@@ -228,6 +228,16 @@ func TestResyncDue(t *testing.T) {
 		}, 5*time.Second, 20*time.Millisecond)
 	}
 
+	// requireStillOverdue checks the alert after a resync that did not
+	// resolve the gap: the next attempt is scheduled later, but the gap is
+	// still older than its window and the gauge must keep saying so.
+	requireStillOverdue := func(t *testing.T, f *fixture) {
+		st, err := f.ib.RefreshStats(context.Background(), f.pool)
+		require.NoError(t, err)
+		require.Equal(t, int64(1), st.GapsOverdue, "an unresolved gap stays overdue between resync attempts")
+		require.Equal(t, 1.0, testutil.ToFloat64(f.ib.Metrics().GapsOverdue))
+	}
+
 	t.Run("NotDueBeforeWindow", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, time.Hour)
@@ -288,6 +298,7 @@ func TestResyncDue(t *testing.T) {
 		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'held'"))
 		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE resync_attempts = 1 AND last_resync_error LIKE '%not ahead%'"))
 		require.Equal(t, 1.0, testutil.ToFloat64(f.ib.Metrics().Resyncs.WithLabelValues(inbox.ResyncStale)))
+		requireStillOverdue(t, f)
 	})
 
 	t.Run("NotFoundParksHeld", func(t *testing.T) {
@@ -318,6 +329,7 @@ func TestResyncDue(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'held'"))
 		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE resync_after > now()"))
+		requireStillOverdue(t, f)
 	})
 }
 

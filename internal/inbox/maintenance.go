@@ -88,11 +88,11 @@ func (ib *Inbox) RefreshStats(ctx context.Context, db DBTX) (Stats, error) {
 	if err != nil {
 		return Stats{}, fmt.Errorf("count parked records: %w", err)
 	}
-	due, err := q.InboxGapsDue(ctx, 10_000)
+	overdue, err := q.InboxGapsOverdueCount(ctx, ib.gapWindow.Seconds())
 	if err != nil {
 		return Stats{}, fmt.Errorf("count overdue gaps: %w", err)
 	}
-	s := Stats{Held: hs.Held, ParkedEvents: hs.Parked, ParkedRecords: pr, GapsOverdue: int64(len(due))}
+	s := Stats{Held: hs.Held, ParkedEvents: hs.Parked, ParkedRecords: pr, GapsOverdue: overdue}
 	ib.metrics.Held.Set(float64(s.Held))
 	ib.metrics.Parked.Set(float64(s.ParkedEvents))
 	ib.metrics.GapsOverdue.Set(float64(s.GapsOverdue))

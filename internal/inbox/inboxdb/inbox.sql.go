@@ -253,6 +253,21 @@ func (q *Queries) InboxGapsDue(ctx context.Context, rowLimit int32) ([]InboxAggr
 	return items, nil
 }
 
+const inboxGapsOverdueCount = `-- name: InboxGapsOverdueCount :one
+SELECT count(*) FROM inbox_aggregate
+WHERE gap_since <= clock_timestamp() - make_interval(secs => $1::float8)
+`
+
+// Aggregates whose gap is older than the window, whether or not a resync is
+// scheduled: a failed or stale resync pushes resync_after forward, but the
+// gap is still unresolved and must keep alerting.
+func (q *Queries) InboxGapsOverdueCount(ctx context.Context, windowSeconds float64) (int64, error) {
+	row := q.db.QueryRow(ctx, inboxGapsOverdueCount, windowSeconds)
+	var count int64
+	err := row.Scan(&count)
+	return count, err
+}
+
 const inboxHeldCountForAggregate = `-- name: InboxHeldCountForAggregate :one
 SELECT count(*) FROM inbox_held_event
 WHERE aggregate_type = $1 AND aggregate_id = $2 AND state = 'held'
