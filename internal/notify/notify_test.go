@@ -6,11 +6,13 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -617,4 +619,88 @@ func TestCleanupLedger(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(4), n)
 	require.Equal(t, 1, e.count("SELECT count(*) FROM email_send WHERE state = 'unknown'"))
+}
+
+// gateMailer accepts every message, but holds the first send until the
+// test releases it: a slow SMTP relay under the test's control.
+type gateMailer struct {
+	started chan struct{}
+	release chan struct{}
+	mu      sync.Mutex
+	sent    []string
+}
+
+func (g *gateMailer) Send(_ context.Context, _, to string, _ []byte) (string, error) {
+	g.mu.Lock()
+	g.sent = append(g.sent, to)
+	first := len(g.sent) == 1
+	g.mu.Unlock()
+	if first {
+		close(g.started)
+		<-g.release
+	}
+	return "250 ok", nil
+}
+
+func (g *gateMailer) calls() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.sent)
+}
+
+// TestSenderStartsNoSendLateInItsClaim: rows claimed in one batch are sent
+// one after the other, and the stuck sweep measures 'sending' from the
+// claim. A row still waiting behind slow sends when half the sending
+// timeout has passed is given back instead of started, so a live send is
+// never declared dead (C4): under the resend policy another instance
+// would send it a second time, under hold it would wait for an operator
+// although it was never attempted.
+func TestSenderStartsNoSendLateInItsClaim(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	ib, err := inbox.New(inbox.Config{GapWindow: time.Minute})
+	require.NoError(t, err)
+	for range 2 {
+		o := newOrder()
+		evt, err := DecodeRecord(o.record(t, o.next(TypePlaced, nil)))
+		require.NoError(t, err)
+		_, err = ib.Handle(ctx, e.pool, evt, NewProjector(nil).Apply)
+		require.NoError(t, err)
+	}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	const sendingTimeout = 400 * time.Millisecond
+	mailer := &gateMailer{started: make(chan struct{}), release: make(chan struct{})}
+	s := NewSender(e.pool, mailer, SenderConfig{From: "orders@shop.test", BatchSize: 2, PollInterval: time.Hour,
+		SendingTimeout: sendingTimeout}, m, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+
+	type result struct {
+		n   int
+		err error
+	}
+	claimed := make(chan result, 1)
+	go func() {
+		n, err := s.RunOnce(ctx)
+		claimed <- result{n, err}
+	}()
+	<-mailer.started
+	// The first send is slow: hold it until the claim is older than half
+	// the sending timeout (by the database's clock, which the sweep uses).
+	e.eventually(func() bool {
+		return e.count("SELECT count(*) FROM email_send WHERE state = 'sending' AND sending_since < clock_timestamp() - make_interval(secs => $1)",
+			(sendingTimeout/2).Seconds()) == 2
+	}, "both claims older than half the sending timeout")
+	close(mailer.release)
+	first := <-claimed
+	require.NoError(t, first.err)
+	require.Equal(t, 2, first.n)
+	require.Equal(t, 1, mailer.calls(), "the second row is not started late in its claim")
+	require.Equal(t, 1, e.count("SELECT count(*) FROM email_send WHERE state = 'pending' AND attempts = 0 AND claim_token IS NULL"))
+
+	n, err := s.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, 2, mailer.calls())
+	require.Equal(t, 2, e.count("SELECT count(*) FROM email_send WHERE state = 'sent'"))
 }

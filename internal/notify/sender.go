@@ -42,8 +42,10 @@ type SenderConfig struct {
 	// PollInterval is how often the ledger is checked without a nudge.
 	PollInterval time.Duration
 	// SendingTimeout is how long a row may stay 'sending' before it is
-	// presumed abandoned by a dead sender and becomes unknown. It must
-	// exceed the mailer's own timeout, so a live send is never declared dead.
+	// presumed abandoned by a dead sender and becomes unknown. It must be
+	// at least twice the mailer's own timeout: a claimed row is started only
+	// within the first half of it, so a live send is never declared dead.
+	// Zero means five minutes.
 	SendingTimeout time.Duration
 	// MaxAttempts bounds the sends of one row; then it is failed (parked).
 	MaxAttempts int
@@ -79,6 +81,9 @@ func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, 
 	}
 	if cfg.Policy == "" {
 		cfg.Policy = PolicyHold
+	}
+	if cfg.SendingTimeout <= 0 {
+		cfg.SendingTimeout = 5 * time.Minute
 	}
 	if cfg.BackoffBase <= 0 {
 		cfg.BackoffBase = time.Second
@@ -135,6 +140,9 @@ func (s *Sender) Run(ctx context.Context) error {
 // rows it claimed.
 func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	token := uuid.New()
+	// Taken before the claim, so it is never later than the claim's
+	// sending_since, from which the stuck sweep counts.
+	claimedAt := time.Now()
 	rows, err := notifydb.New(s.pool).EmailSendClaim(ctx, notifydb.EmailSendClaimParams{
 		ClaimToken: token, ClaimedBy: s.cfg.Owner, ResendUnknown: s.cfg.Policy == PolicyResend,
 		MaxAttempts: int32(s.cfg.MaxAttempts), BatchSize: int32(s.cfg.BatchSize),
@@ -151,9 +159,14 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	})
 	// Results are recorded even while stopping: a sent email must end up
 	// 'sent', never left for the sweep to call unknown.
+	// The rows of a batch are sent one after the other, but the sweep
+	// counts 'sending' from the claim for all of them. A row still waiting
+	// when half the sending timeout has passed is given back, not started:
+	// started later, a slow send could be declared unknown while it runs
+	// (and, under the resend policy, sent again by another instance).
 	bg := context.WithoutCancel(ctx)
 	for i, row := range rows {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || time.Since(claimedAt) >= s.cfg.SendingTimeout/2 {
 			s.release(bg, token, rows[i:])
 			break
 		}
