@@ -2,6 +2,8 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,4 +96,82 @@ func TestFencing(t *testing.T) {
 	r = e.row(t, ev.ID)
 	require.Equal(t, "delivered", r.State)
 	require.Equal(t, recs[1].Offset, *r.Offset, "the row records the successor's copy")
+}
+
+// TestFencingRelease: the release is fenced like the confirm (R2). A relay
+// whose send failed, and whose lease expired before it wrote the failure
+// down, cannot park or reschedule a row that a successor has claimed
+// meanwhile: the successor's lease and its confirm stay intact, and no
+// failure is recorded for an event that was delivered.
+func TestFencingRelease(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	// Over the stale relay's client limit, so its send fails with a class
+	// that parks; well within the successor's limit.
+	ev := e.insert(t, event("fenced", 1, withPayload(fmt.Sprintf(`{"n": 1, "blob": %q}`, strings.Repeat("y", 8000)))))[0]
+
+	staleFailed := make(chan struct{})
+	staleGo := make(chan struct{})
+	staleDone := make(chan struct{})
+	start(t, e.relay(t, func(c *outbox.Config) {
+		c.Owner = "stale"
+		c.Lease = time.Second
+		c.ProduceTimeout = 500 * time.Millisecond
+		c.MaxMessageBytes = 4096
+		c.Hooks = outbox.Hooks{
+			AfterProduce: func(ctx context.Context, os []outbox.Outcome) error {
+				if os[0].Class != outbox.ClassMessageTooLarge { // not require: this runs on the relay's goroutine
+					t.Errorf("stale relay's send: class %q (%v), want %s", os[0].Class, os[0].Err, outbox.ClassMessageTooLarge)
+				}
+				close(staleFailed)
+				select { // stopping the relay (test failure) also unblocks it
+				case <-staleGo:
+				case <-ctx.Done():
+				}
+				return nil
+			},
+			AfterConfirm: func(context.Context, []outbox.Claim) error {
+				close(staleDone)
+				return nil
+			},
+		}
+	}))
+	<-staleFailed
+	require.Eventually(t, func() bool {
+		return e.count(t, "lease_expires_at < now()") == 1
+	}, 5*time.Second, 10*time.Millisecond, "the stale relay's lease expires")
+
+	succAcked := make(chan outbox.Claim, 1)
+	succGo := make(chan struct{})
+	start(t, e.relay(t, func(c *outbox.Config) {
+		c.Owner = "successor"
+		c.Hooks = outbox.Hooks{AfterProduce: func(ctx context.Context, os []outbox.Outcome) error {
+			if os[0].Err != nil {
+				t.Errorf("successor's send failed: %v", os[0].Err)
+			}
+			succAcked <- os[0].Claim
+			select {
+			case <-succGo:
+			case <-ctx.Done():
+			}
+			return nil
+		}}
+	}))
+	succClaim := <-succAcked
+
+	// The stale relay wakes up and records its failure.
+	close(staleGo)
+	<-staleDone
+	r := e.row(t, ev.ID)
+	require.Equal(t, "pending", r.State, "the stale relay did not park the successor's claim")
+	require.NotNil(t, r.LeaseToken)
+	require.Equal(t, succClaim.LeaseToken, *r.LeaseToken, "the successor's lease is intact")
+	require.Zero(t, r.Attempts, "no stale failure was counted")
+	require.Nil(t, r.LastErrorClass)
+
+	close(succGo)
+	e.waitDelivered(t, 5*time.Second)
+	r = e.row(t, ev.ID)
+	require.Equal(t, "delivered", r.State)
+	require.Len(t, e.readAll(t), 1, "only the successor's send reached the broker")
 }
