@@ -131,12 +131,16 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	}
 	stopRelay()
 	if relayDone != nil {
+		// The relay gets its own budget: a slow HTTP drain must not leave
+		// it without time to release its leases (R9).
+		relayCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+		defer cancel()
 		select {
 		case err := <-relayDone:
 			if err != nil && !errors.Is(err, context.Canceled) {
 				return fmt.Errorf("relay: %w", err)
 			}
-		case <-shutdownCtx.Done():
+		case <-relayCtx.Done():
 			return errors.New("relay did not stop within SHUTDOWN_TIMEOUT")
 		}
 	}

@@ -34,6 +34,7 @@ const (
 	MaxQuantity      = 10_000
 	MaxUnitPrice     = 100_000_000 // cents per unit
 	MaxEmailLength   = 254
+	MaxPageSize      = 100
 	maxIdempotencKey = 255
 )
 
@@ -66,6 +67,9 @@ var (
 	ErrForbidden = errors.New("not allowed for this role")
 	// ErrIdempotencyKeyReused: the key was used with a different body.
 	ErrIdempotencyKeyReused = errors.New("idempotency key reused with a different request")
+	// ErrCommitUnknown: the connection failed during COMMIT, so whether the
+	// command took effect is unknown. A client may re-read the order.
+	ErrCommitUnknown = errors.New("commit outcome unknown")
 )
 
 // VersionConflictError reports that the caller's expected version is stale.

@@ -168,6 +168,9 @@ type Cursor struct {
 // the cursor (nil for the first page), and the cursor of the next page
 // (nil on the last page).
 func (s *Service) List(ctx context.Context, p auth.Principal, after *Cursor, limit int) ([]Order, *Cursor, error) {
+	if limit < 1 || limit > MaxPageSize {
+		return nil, nil, &ValidationError{Fields: []FieldError{{Field: "limit", Message: fmt.Sprintf("must be from 1 to %d", MaxPageSize)}}}
+	}
 	q := ordersdb.New(s.pool)
 	arg := ordersdb.OrderListByCustomerParams{Customer: p.Subject, RowLimit: int32(limit + 1)}
 	if after != nil {
@@ -307,6 +310,12 @@ func (s *Service) committed(ctx context.Context, command string, events []outbox
 // nothing reached the outbox, so nothing will ever be sent for it.
 func (s *Service) logFailure(ctx context.Context, command string, id uuid.UUID, err error) {
 	level, msg := slog.LevelError, "order command failed; transaction rolled back, no event recorded"
+	if errors.Is(err, ErrCommitUnknown) {
+		// The connection failed during COMMIT: the database may or may not
+		// have committed. If it did, the events are in the outbox and will
+		// be delivered; if not, nothing was recorded. Never claim either.
+		msg = "order command failed during commit; outcome unknown, events exist only if the commit took effect"
+	}
 	var vc *VersionConflictError
 	var te *TransitionError
 	var ve *ValidationError
@@ -332,11 +341,18 @@ func (s *Service) inTx(ctx context.Context, fn func(tx pgx.Tx, q *ordersdb.Queri
 	if err = fn(tx, ordersdb.New(tx)); err != nil {
 		return err
 	}
-	if err = tx.Commit(ctx); err != nil {
-		return fmt.Errorf("commit: %w", err)
+	// The commit does not follow the request's cancellation: a client
+	// hanging up must not turn a finished command into an unknown outcome.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
+	if err = tx.Commit(cctx); err != nil {
+		return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 	}
 	return nil
 }
+
+// commitTimeout bounds a COMMIT that no longer follows the request context.
+const commitTimeout = 10 * time.Second
 
 func (s *Service) load(ctx context.Context, q *ordersdb.Queries, id uuid.UUID) (Order, error) {
 	row, err := q.OrderGet(ctx, id)

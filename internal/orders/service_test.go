@@ -378,3 +378,19 @@ func TestIdempotencyKey(t *testing.T) {
 	require.Equal(t, 3, f.count(t, "orders"))
 	require.Equal(t, 3, f.count(t, "outbox"))
 }
+
+func TestListRejectsBadLimits(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	_, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+	require.NoError(t, err)
+	for _, limit := range []int{0, -1, MaxPageSize + 1} {
+		_, _, err := f.svc.List(context.Background(), alice, nil, limit)
+		var ve *ValidationError
+		require.ErrorAs(t, err, &ve, "limit %d", limit)
+	}
+	got, next, err := f.svc.List(context.Background(), alice, nil, 1)
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.Nil(t, next)
+}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/orders"
+	"github.com/outboxref/orders/internal/outbox"
 )
 
 // MaxBodyBytes bounds a request body (W6); larger bodies get 413.
@@ -34,7 +35,7 @@ const MaxBodyBytes = 64 << 10
 // Page sizes of GET /orders.
 const (
 	defaultPageSize = 20
-	maxPageSize     = 100
+	maxPageSize     = orders.MaxPageSize
 )
 
 // Config holds the handler's collaborators.
@@ -250,6 +251,11 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, orders.ErrIdempotencyKeyReused):
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Type: typeIdempotencyReuse, Title: "Idempotency key reused",
 			Detail: "this Idempotency-Key was already used with a different request body"})
+	case errors.Is(err, outbox.ErrPayloadTooLarge):
+		// W6: the event that the request would produce is too large to
+		// store; nothing was written.
+		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Type: typeTooLarge, Title: "Event too large",
+			Detail: "the request would produce an event larger than the outbox accepts; store large content elsewhere and reference it"})
 	case errors.Is(err, context.Canceled):
 		// The client went away; nothing useful can be written.
 	default:
