@@ -73,13 +73,14 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	// relayDone stays nil (never ready) when the relay is disabled.
 	var relayDone chan error
 	nudge := func() {}
+	brokerState := func() string { return "not used here (RELAY_ENABLED=false)" }
 	if cfg.Relay.Enabled {
 		relayDone = make(chan error, 1)
 		relay, err := startRelay(relayCtx, cfg, pool, log, reg, orderEventTypes())
 		if err != nil {
 			return err
 		}
-		nudge = relay.Nudge
+		nudge, brokerState = relay.Nudge, relay.BrokerState
 		go func() { relayDone <- relay.Run(relayCtx) }()
 	} else {
 		// The backlog metrics come from the table, so this process still
@@ -98,6 +99,8 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 			Tokens:  cfg.Tokens,
 			Log:     log,
 			Ready:   pool.Ping,
+			// The broker's state is shown, never used for readiness (O3).
+			Info:    func() map[string]string { return map[string]string{"broker": brokerState()} },
 			Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
 		}),
 		ReadHeaderTimeout: 5 * time.Second,

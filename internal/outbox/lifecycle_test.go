@@ -192,3 +192,21 @@ func TestBoundText(t *testing.T) {
 	require.Len(t, []rune(got), 1024, "the CHECK counts characters")
 	require.True(t, strings.HasSuffix(got, "…"))
 }
+
+// TestBrokerState (O3): the relay reports how the broker answered its
+// latest sends, for /readyz to show as information.
+func TestBrokerState(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	outage := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.NotEnoughReplicas, Count: -1})
+	r := start(t, e.relay(t, func(c *outbox.Config) { c.PollInterval = 50 * time.Millisecond }))
+	require.Equal(t, "unknown", r.relay.BrokerState(), "nothing sent yet")
+
+	e.insert(t, event("state", 1))
+	require.Eventually(t, func() bool { return strings.HasPrefix(r.relay.BrokerState(), "failing: ") }, 10*time.Second, 10*time.Millisecond)
+	outage.Remove()
+	require.Eventually(t, func() bool { return r.relay.BrokerState() == outbox.BrokerOK }, 30*time.Second, 10*time.Millisecond)
+
+	var disabled *outbox.Relay
+	require.Equal(t, "relay disabled", disabled.BrokerState())
+}

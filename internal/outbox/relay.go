@@ -112,7 +112,8 @@ type Relay struct {
 
 	nudge   chan struct{}
 	started atomic.Bool
-	rounds  atomic.Int64 // claims made, successful or not; for tests
+	broker  atomic.Pointer[string] // BrokerState's answer
+	rounds  atomic.Int64           // claims made, successful or not; for tests
 }
 
 // DefaultOwner returns a lease owner unique to this process start:
@@ -380,6 +381,7 @@ func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []
 		send = append(send, i)
 	}
 	r.produce(pctx, cl, recs, outcomes, send)
+	r.noteBroker(outcomes, send)
 
 	// The broker's MESSAGE_TOO_LARGE is about a whole record batch, which
 	// the client may have filled with several of our records: an innocent
@@ -396,6 +398,42 @@ func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []
 		}
 	}
 	return outcomes
+}
+
+// noteBroker remembers what the last sends said about the broker, for
+// BrokerState. Parked events say nothing about it.
+func (r *Relay) noteBroker(outcomes []Outcome, sent []int) {
+	state := ""
+	for _, i := range sent {
+		switch o := outcomes[i]; {
+		case o.Err == nil:
+			if state == "" {
+				state = BrokerOK
+			}
+		case !o.Class.Parks() && o.Class != ClassShutdown:
+			state = "failing: " + string(o.Class)
+		}
+	}
+	if state != "" {
+		r.broker.Store(&state)
+	}
+}
+
+// BrokerOK is BrokerState's answer when the last send was acknowledged.
+const BrokerOK = "ok"
+
+// BrokerState says how the broker answered the relay's most recent sends:
+// BrokerOK, "failing: <error class>", or "unknown" before the first send.
+// It is information for /readyz and logs, never a readiness condition: a
+// broker outage is what the outbox absorbs (O3).
+func (r *Relay) BrokerState() string {
+	if r == nil {
+		return "relay disabled"
+	}
+	if s := r.broker.Load(); s != nil {
+		return *s
+	}
+	return "unknown"
 }
 
 // produce sends recs[i] for each i in idx and fills outcomes[i]. It returns
