@@ -143,7 +143,17 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	// Taken before the claim, so it is never later than the claim's
 	// sending_since, from which the stuck sweep counts.
 	claimedAt := time.Now()
-	rows, err := notifydb.New(s.pool).EmailSendClaim(ctx, notifydb.EmailSendClaimParams{
+	if ctx.Err() != nil {
+		return 0, nil
+	}
+	// The claim does not follow ctx: cancelled mid-statement, pgx would
+	// drop the connection without knowing whether the server committed, and
+	// a committed claim would be left 'sending' with no sender, to become
+	// 'unknown' later although nothing was sent. Once it returns, the loop
+	// below gives the rows back if the sender is stopping.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	rows, err := notifydb.New(s.pool).EmailSendClaim(cctx, notifydb.EmailSendClaimParams{
 		ClaimToken: token, ClaimedBy: s.cfg.Owner, ResendUnknown: s.cfg.Policy == PolicyResend,
 		MaxAttempts: int32(s.cfg.MaxAttempts), BatchSize: int32(s.cfg.BatchSize),
 	})
