@@ -45,6 +45,9 @@ const cleanupLockKey = 7_215_402_114
 // time and none holds locks for long. Markers of held or parked events are
 // never deleted. It returns the number of rows deleted.
 func (ib *Inbox) Cleanup(ctx context.Context, pool *pgxpool.Pool, ttl time.Duration, batchSize int) (int64, error) {
+	if batchSize <= 0 || ttl <= 0 {
+		return 0, fmt.Errorf("clean up processed events: batch size (%d) and TTL (%s) must be positive", batchSize, ttl)
+	}
 	var total int64
 	for {
 		var n int64

@@ -628,6 +628,11 @@ func TestCleanupLedger(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(4), n)
 	require.Equal(t, 1, e.count("SELECT count(*) FROM email_send WHERE state = 'unknown'"))
+
+	_, err = CleanupLedger(ctx, e.pool, time.Hour, 0)
+	require.Error(t, err, "a zero batch size would loop forever")
+	_, err = ib.Cleanup(ctx, e.pool, time.Hour, 0)
+	require.Error(t, err)
 }
 
 // gateMailer accepts every message, but holds the first send until the

@@ -304,6 +304,9 @@ func RefreshLedgerStats(ctx context.Context, db notifydb.DBTX, m *Metrics) error
 // processed_event TTL: a redelivery older than that is a duplicate by
 // version anyway, and no longer needs its ledger row to be recognised.
 func CleanupLedger(ctx context.Context, db notifydb.DBTX, ttl time.Duration, batchSize int) (int64, error) {
+	if batchSize <= 0 || ttl <= 0 {
+		return 0, fmt.Errorf("clean up sent emails: batch size (%d) and TTL (%s) must be positive", batchSize, ttl)
+	}
 	var total int64
 	for {
 		n, err := notifydb.New(db).EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize)})
