@@ -68,7 +68,7 @@ type env struct {
 	conn  []kgo.Opt // how clients reach the cluster: seed brokers, SASL
 }
 
-func setup(t *testing.T, opts ...kfake.Opt) *env {
+func setup(t testing.TB, opts ...kfake.Opt) *env {
 	t.Helper()
 	db := pgtest.New(t, migrations)
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic)}, opts...)...)
@@ -85,7 +85,7 @@ func testLogger() *slog.Logger {
 }
 
 // relay builds a relay with test-friendly timings; mod adjusts the config.
-func (e *env) relay(t *testing.T, mod func(*outbox.Config)) *outbox.Relay {
+func (e *env) relay(t testing.TB, mod func(*outbox.Config)) *outbox.Relay {
 	t.Helper()
 	cfg := outbox.Config{
 		Pool:         e.db.Pool,
@@ -117,7 +117,7 @@ type running struct {
 }
 
 // start runs r until the test ends or stop is called.
-func start(t *testing.T, r *outbox.Relay) *running {
+func start(t testing.TB, r *outbox.Relay) *running {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	rr := &running{relay: r, cancel: cancel, done: make(chan struct{})}
@@ -130,14 +130,14 @@ func start(t *testing.T, r *outbox.Relay) *running {
 }
 
 // stop cancels the relay and returns Run's error once it returned.
-func (rr *running) stop(t *testing.T) error {
+func (rr *running) stop(t testing.TB) error {
 	t.Helper()
 	rr.cancel()
 	return rr.wait(t)
 }
 
 // wait returns Run's error once it returned by itself (a hook stopped it).
-func (rr *running) wait(t *testing.T) error {
+func (rr *running) wait(t testing.TB) error {
 	t.Helper()
 	select {
 	case <-rr.done:
@@ -172,7 +172,7 @@ func withPayload(p string) func(*outbox.Event) {
 }
 
 // insert commits events through the package's own write path.
-func (e *env) insert(t *testing.T, events ...outbox.Event) []outbox.Event {
+func (e *env) insert(t testing.TB, events ...outbox.Event) []outbox.Event {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := e.db.Pool.Begin(ctx)

@@ -1,0 +1,80 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/outboxref/orders/internal/outbox"
+)
+
+// BenchmarkRelayDrain measures how fast relays drain a committed backlog
+// into the broker: real PostgreSQL, kfake over TCP, the relay's real claim,
+// produce and fenced confirm. It reports events/s for a fixed backlog of
+// 2,000 events over 200 aggregates; each iteration drains a fresh one, so
+// -benchtime=1x is one drain (what CI can afford) and 5x averages five.
+//
+//	go test ./internal/outbox -run '^$' -bench RelayDrain -benchtime=3x
+func BenchmarkRelayDrain(b *testing.B) {
+	const (
+		aggregates = 200
+		versions   = 10 // events per aggregate
+	)
+	for _, bc := range []struct {
+		name   string
+		relays int
+		loose  bool
+	}{
+		{"Strict/1Relay", 1, false},
+		{"Strict/4Relays", 4, false},
+		{"Independent/1Relay", 1, true},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var total time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				e := setup(b)
+				var evs []outbox.Event
+				for v := int64(1); v <= versions; v++ {
+					for a := range aggregates {
+						ev := event(fmt.Sprintf("agg-%d", a), v)
+						if bc.loose {
+							loose(&ev)
+						}
+						evs = append(evs, ev)
+					}
+				}
+				e.insert(b, evs...)
+				b.StartTimer()
+
+				began := time.Now()
+				var rs []*running
+				for i := range bc.relays {
+					rs = append(rs, start(b, e.relay(b, func(c *outbox.Config) {
+						c.Owner = fmt.Sprintf("bench-%d", i)
+						c.BatchSize = 200
+						c.PollInterval = 20 * time.Millisecond
+					})))
+				}
+				for pending := len(evs); pending > 0; {
+					if err := e.db.Pool.QueryRow(context.Background(),
+						"SELECT count(*) FROM outbox WHERE state <> 'delivered'").Scan(&pending); err != nil {
+						b.Fatal(err)
+					}
+					if time.Since(began) > 2*time.Minute {
+						b.Fatalf("%d events still undelivered after 2 minutes", pending)
+					}
+					time.Sleep(5 * time.Millisecond) // polling the database for completion
+				}
+				total += time.Since(began)
+				b.StopTimer()
+				for _, r := range rs {
+					_ = r.stop(b)
+				}
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(aggregates*versions*b.N)/total.Seconds(), "events/s")
+		})
+	}
+}
