@@ -49,6 +49,14 @@ sqlc-check: ## Fail when the committed sqlc code differs from what the pinned sq
 build: ## Build all binaries into ./bin.
 	go build -o bin/ ./cmd/...
 
+.PHONY: bench
+bench: ## Run the benchmarks (relay drain, consumer throughput) a few times each.
+	go test -run '^$$' -bench . -benchtime 5x ./internal/...
+
+.PHONY: bench-smoke
+bench-smoke: ## Run every benchmark once on its small fixed input (CI does this).
+	go test -run '^$$' -bench . -benchtime 1x ./internal/...
+
 .PHONY: fuzz
 fuzz: ## Fuzz request decoding for a minute.
 	go test ./internal/ordersapi -run '^$$' -fuzz FuzzCreateOrder -fuzztime 60s
