@@ -53,7 +53,7 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-func setup(t *testing.T) *fixture {
+func setup(t testing.TB) *fixture {
 	t.Helper()
 	ms, err := migrate.Load(schema.Orders, "orders")
 	require.NoError(t, err)
