@@ -42,6 +42,10 @@ type KafkaConfig struct {
 	// StartOffset is where a group without committed offsets begins:
 	// earliest (catch up on the topic's history) or latest.
 	StartOffset string // KAFKA_START_OFFSET
+	// BatchMax bounds the records applied in one local transaction; their
+	// offsets are committed only after it commits (C1). 1 means one
+	// transaction per record.
+	BatchMax int // NOTIFIER_BATCH_MAX
 }
 
 // EmailConfig is the SMTP relay and the send ledger's policy (C4).
@@ -89,6 +93,9 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			InstanceID:     r.String("KAFKA_INSTANCE_ID", ""),
 			SessionTimeout: r.Duration("KAFKA_SESSION_TIMEOUT", 15*time.Second),
 			StartOffset:    strings.ToLower(r.String("KAFKA_START_OFFSET", "earliest")),
+			// The upper bound keeps a batch's transaction, and the inbox row
+			// locks it holds, well inside its 30 s deadline.
+			BatchMax: r.Int("NOTIFIER_BATCH_MAX", notify.DefaultMaxBatchRecords, 1, 2000),
 		},
 		Email: EmailConfig{
 			SMTPAddr:       r.String("SMTP_ADDR", "127.0.0.1:1025"),
@@ -160,8 +167,8 @@ func loadConfig(getenv func(string) string) (Config, error) {
 func (c Config) print(w io.Writer) {
 	fmt.Fprintf(w, "config: DATABASE_URL=%s HTTP_ADDR=%s SHUTDOWN_TIMEOUT=%s\n",
 		envconfig.MaskURL(c.DatabaseURL), c.HTTPAddr, c.ShutdownTimeout)
-	fmt.Fprintf(w, "config: kafka %s ORDERS_TOPIC=%s KAFKA_GROUP=%s KAFKA_INSTANCE_ID=%s KAFKA_SESSION_TIMEOUT=%s KAFKA_START_OFFSET=%s\n",
-		c.Kafka.Conn, c.Kafka.Topic, c.Kafka.Group, c.Kafka.InstanceID, c.Kafka.SessionTimeout, c.Kafka.StartOffset)
+	fmt.Fprintf(w, "config: kafka %s ORDERS_TOPIC=%s KAFKA_GROUP=%s KAFKA_INSTANCE_ID=%s KAFKA_SESSION_TIMEOUT=%s KAFKA_START_OFFSET=%s NOTIFIER_BATCH_MAX=%d\n",
+		c.Kafka.Conn, c.Kafka.Topic, c.Kafka.Group, c.Kafka.InstanceID, c.Kafka.SessionTimeout, c.Kafka.StartOffset, c.Kafka.BatchMax)
 	fmt.Fprintf(w, "config: SMTP_ADDR=%s SMTP_FROM=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s\n",
 		c.Email.SMTPAddr, c.Email.From, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap)
 	fmt.Fprintf(w, "config: ORDERS_API_URL=%s ORDERS_API_TOKEN=%s GAP_WINDOW=%s\n",

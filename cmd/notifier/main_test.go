@@ -60,8 +60,10 @@ func TestConfig(t *testing.T) {
 		require.Equal(t, "orders.events", c.Kafka.Topic)
 		require.Equal(t, ":8081", c.HTTPAddr)
 		require.Equal(t, notify.PolicyHold, c.Email.UnknownPolicy)
+		require.Equal(t, notify.DefaultMaxBatchRecords, c.Kafka.BatchMax)
 		var out bytes.Buffer
 		c.print(&out)
+		require.Contains(t, out.String(), "NOTIFIER_BATCH_MAX=200")
 		require.NotContains(t, out.String(), "secret-token")
 		require.Contains(t, out.String(), "ORDERS_API_TOKEN=xxxxx")
 	})
@@ -74,10 +76,11 @@ func TestConfig(t *testing.T) {
 			"EMAIL_SENDING_TIMEOUT": "1m",
 			"KAFKA_SASL_MECHANISM":  "PLAIN",
 			"GAP_WINDOW":            "soon",
+			"NOTIFIER_BATCH_MAX":    "0",
 		}))
 		require.Error(t, err)
 		for _, want := range []string{"ORDERS_API_TOKEN is required", "EMAIL_UNKNOWN_POLICY=\"retry\"",
-			"EMAIL_SENDING_TIMEOUT", "GAP_WINDOW", "SASL"} {
+			"EMAIL_SENDING_TIMEOUT", "GAP_WINDOW", "SASL", "NOTIFIER_BATCH_MAX=\"0\": want an integer from 1 to 2000"} {
 			require.Contains(t, err.Error(), want)
 		}
 	})

@@ -22,7 +22,7 @@ import (
 )
 
 // runServe runs the notifier until ctx ends. Shutdown order: stop the HTTP
-// server, then the consumer (it finishes the record in hand and commits the
+// server, then the consumer (it finishes the batch in hand and commits the
 // offsets of everything processed), then the email sender (it finishes the
 // email in flight and releases what it claimed but did not start).
 func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
@@ -52,7 +52,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		Consumer: notify.ConsumerConfig{
 			Brokers: cfg.Kafka.Conn.Brokers, Topic: cfg.Kafka.Topic, Group: cfg.Kafka.Group,
 			InstanceID: cfg.Kafka.InstanceID, SessionTimeout: cfg.Kafka.SessionTimeout, ExtraOpts: kopts,
-			StartAtLatest: cfg.Kafka.StartOffset == "latest",
+			StartAtLatest: cfg.Kafka.StartOffset == "latest", MaxBatchRecords: cfg.Kafka.BatchMax,
 		},
 		Sender: notify.SenderConfig{
 			From: cfg.Email.From, Owner: fmt.Sprintf("%s/%d", host, os.Getpid()), Policy: cfg.Email.UnknownPolicy,

@@ -192,6 +192,12 @@ func (ib *Inbox) Handle(ctx context.Context, pool *pgxpool.Pool, e Event, apply 
 // survives a rollback of tx, so a failure anywhere in the business change
 // leaves the event unprocessed and a redelivery processes it normally.
 //
+// Process may be called for several events in one transaction (a consumer
+// applying a batch of records): it keeps no state between calls and reads
+// everything through tx, so each call sees the writes of the earlier ones
+// and the outcomes are those of one transaction per event, applied in
+// call order. The batch then commits or rolls back as a whole.
+//
 // Call Observe with the result after tx commits: counting before the commit
 // would count work that may still roll back.
 func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event, apply ApplyFunc) (Result, error) {

@@ -192,6 +192,57 @@ func TestProcess(t *testing.T) {
 		require.Zero(t, counter(t, f.reg, "inbox_duplicates_total"), "a rolled-back attempt is not counted")
 	})
 
+	// SeveralInOneTransaction: a consumer that applies a batch of records
+	// in one transaction calls Process once per event. Every decision reads
+	// the state through the transaction, so a later call sees the earlier
+	// ones' writes: the outcomes are those of separate transactions, and
+	// nothing is counted before the commit.
+	t.Run("SeveralInOneTransaction", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, time.Minute)
+		ctx := context.Background()
+		v1, v2, v3, rival := event("a", 1), event("a", 2), event("a", 3), event("a", 1)
+		b1 := event("b", 1)
+		steps := []struct {
+			e    inbox.Event
+			want inbox.Outcome
+			last int64
+		}{
+			{v1, inbox.Applied, 1},
+			{b1, inbox.Applied, 1},
+			{v3, inbox.Held, 1},
+			{v3, inbox.Duplicate, 1}, // held earlier in this transaction
+			{v2, inbox.Applied, 3},   // drains v3, held earlier in this transaction
+			{v2, inbox.Duplicate, 3},
+			{rival, inbox.Conflict, 3}, // v1 is owned by an event of this transaction
+			{rival, inbox.Duplicate, 3},
+			{b1, inbox.Duplicate, 1},
+		}
+		var results []inbox.Result
+		tx, err := f.pool.Begin(ctx)
+		require.NoError(t, err)
+		for i, s := range steps {
+			res, err := f.ib.Process(ctx, tx, s.e, f.apply)
+			require.NoError(t, err, "step %d", i)
+			require.Equal(t, s.want, res.Outcome, "step %d", i)
+			require.Equal(t, s.last, res.LastVersion, "step %d", i)
+			results = append(results, res)
+		}
+		require.Zero(t, counter(t, f.reg, "inbox_duplicates_total"), "nothing counted before the commit")
+		require.NoError(t, tx.Commit(ctx))
+		for _, r := range results {
+			f.ib.Observe(r)
+		}
+		require.Equal(t, []int64{1, 2, 3}, f.appliedVersions(t, "a"))
+		require.Equal(t, []int64{1}, f.appliedVersions(t, "b"))
+		require.Equal(t, 4.0, counter(t, f.reg, "inbox_duplicates_total"))
+		require.Equal(t, 1.0, counter(t, f.reg, "inbox_conflicts_total"))
+		require.Equal(t, 1.0, counter(t, f.reg, "inbox_gaps_total"))
+		require.Zero(t, f.count(t, "SELECT count(*) FROM inbox_held_event"))
+		require.Zero(t, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE gap_since IS NOT NULL"))
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_conflict WHERE event_id = $1 AND existing_event_id = $2", rival.ID, v1.ID))
+	})
+
 	t.Run("InvalidEvent", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, time.Minute)

@@ -77,6 +77,10 @@ type service struct {
 type svcOpt func(*Config)
 
 func withPolicy(p UnknownPolicy) svcOpt { return func(c *Config) { c.Sender.Policy = p } }
+func withBatchMax(n int) svcOpt         { return func(c *Config) { c.Consumer.MaxBatchRecords = n } }
+func withLogger(w io.Writer) svcOpt {
+	return func(c *Config) { c.Logger = slog.New(slog.NewJSONHandler(w, nil)) }
+}
 func withGapWindow(d time.Duration) svcOpt {
 	return func(c *Config) { c.GapWindow, c.ResyncInterval = d, 50*time.Millisecond }
 }
@@ -234,7 +238,7 @@ func (o *order) at(v int64, typ string, fields map[string]any) ev {
 	return ev{id: uuid.New(), typ: typ, version: v, schemaVersion: "1", payload: p}
 }
 
-func (o *order) record(t *testing.T, e ev) *kgo.Record {
+func (o *order) record(t testing.TB, e ev) *kgo.Record {
 	t.Helper()
 	value, err := json.Marshal(e.payload)
 	require.NoError(t, err)

@@ -96,7 +96,7 @@ func NewService(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 }
 
 // Run runs every worker until ctx is cancelled, then stops them in order:
-// the consumer first (it finishes the record in hand and commits its
+// the consumer first (it finishes the batch in hand and commits its
 // offsets), then the resync and maintenance loops, then the sender (it
 // finishes the email in flight). An error of the consumer stops the rest.
 func (s *Service) Run(ctx context.Context) error {
