@@ -50,11 +50,11 @@ build: ## Build all binaries into ./bin.
 	go build -o bin/ ./cmd/...
 
 .PHONY: bench
-bench: ## Run the benchmarks (relay drain, consumer throughput) a few times each.
+bench: ## Run the benchmarks (write path, relay drain, consumer throughput), five iterations each.
 	go test -run '^$$' -bench . -benchtime 5x ./internal/...
 
 .PHONY: bench-smoke
-bench-smoke: ## Run every benchmark once on its small fixed input (CI does this).
+bench-smoke: ## Run every benchmark for one iteration, so they keep working (CI does this).
 	go test -run '^$$' -bench . -benchtime 1x ./internal/...
 
 .PHONY: fuzz

@@ -92,7 +92,7 @@ wait_http "http://127.0.0.1:$NOTIFIER_PORT/readyz" notifier
 cat <<MSG
 
 The demo is running.
-  Orders API     http://127.0.0.1:$ORDERS_PORT   (tokens: dev-alice, dev-bob, dev-ops, dev-notifier)
+  Orders API     http://127.0.0.1:$ORDERS_PORT   (tokens: dev-alice, dev-bob, dev-ops, dev-ops2, dev-notifier)
   Notifier       http://127.0.0.1:$NOTIFIER_PORT/metrics
   Emails         http://127.0.0.1:$MAIL_UI_PORT   (SMTP on 127.0.0.1:$SMTP_PORT)
   Kafka          $BROKER, topic $ORDERS_TOPIC
