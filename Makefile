@@ -51,7 +51,8 @@ build: ## Build all binaries into ./bin.
 
 .PHONY: bench
 bench: ## Run the benchmarks (write path, relay drain, consumer throughput), five iterations each.
-	go test -run '^$$' -bench . -benchtime 5x ./internal/...
+	go test -run '^$$' -bench Commands -benchtime 2000x ./internal/orders
+	go test -run '^$$' -bench . -benchtime 5x ./internal/outbox ./internal/notify
 
 .PHONY: bench-smoke
 bench-smoke: ## Run every benchmark for one iteration, so they keep working (CI does this).

@@ -37,7 +37,7 @@ type KafkaConfig struct {
 	SASLPassword    string   // KAFKA_SASL_PASSWORD
 	// ProduceTimeout is the deadline of each send (R5a): at most half of
 	// RELAY_LEASE, and by default the smaller of 10s and RELAY_LEASE/2.
-	ProduceTimeout time.Duration // KAFKA_PRODUCE_TIMEOUT
+	ProduceTimeout time.Duration // KAFKA_PRODUCE_TIMEOUT: deadline of one batch, counted from its claim
 	// MaxMessageBytes is the largest record batch the producer builds; set
 	// it to the topic's max.message.bytes. Larger events are parked.
 	MaxMessageBytes int // KAFKA_MAX_MESSAGE_BYTES
@@ -107,7 +107,7 @@ func load(getenv func(string) string, api bool) (Config, error) {
 			PollInterval: r.Duration("RELAY_POLL_INTERVAL", time.Second),
 			BackoffBase:  r.Duration("RELAY_BACKOFF_BASE", 500*time.Millisecond),
 			BackoffCap:   r.Duration("RELAY_BACKOFF_CAP", 5*time.Minute),
-			DrainTimeout: r.Duration("RELAY_DRAIN_TIMEOUT", 5*time.Second),
+			DrainTimeout: r.Duration("RELAY_DRAIN_TIMEOUT", 0), // default set below from the produce timeout
 			Source:       r.String("RELAY_CE_SOURCE", "urn:outboxref:orders"),
 			MetricsAddr:  r.String("RELAY_METRICS_ADDR", ":9091"),
 		},
@@ -115,6 +115,10 @@ func load(getenv func(string) string, api bool) (Config, error) {
 	// The produce deadline defaults to 10s but never more than half the
 	// lease (R5a), so that shortening RELAY_LEASE alone stays valid.
 	c.Kafka.ProduceTimeout = r.Duration("KAFKA_PRODUCE_TIMEOUT", min(10*time.Second, c.Relay.Lease/2))
+	if c.Relay.DrainTimeout == 0 {
+		// Waiting longer than a send may take is pointless on shutdown.
+		c.Relay.DrainTimeout = min(5*time.Second, c.Kafka.ProduceTimeout)
+	}
 	if c.Kafka.ProduceTimeout > c.Relay.Lease/2 {
 		r.Fail("KAFKA_PRODUCE_TIMEOUT (%s) must not exceed half of RELAY_LEASE (%s): a send must end well before its lease", c.Kafka.ProduceTimeout, c.Relay.Lease)
 	}

@@ -34,6 +34,7 @@ commands:
   migrate   create the database if needed and apply migrations (idempotent)
   serve     run the HTTP API and, unless RELAY_ENABLED=false, the outbox relay
   relay     run only the outbox relay
+  help      show this text
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {

@@ -36,11 +36,13 @@ func TestRelayConfig(t *testing.T) {
 	c, err := loadConfig(env())
 	require.NoError(t, err)
 	require.Equal(t, 10*time.Second, c.Kafka.ProduceTimeout)
+	require.Equal(t, 5*time.Second, c.Relay.DrainTimeout)
 	require.Equal(t, "urn:outboxref:orders", c.Relay.Source)
 
 	c, err = loadConfig(env("RELAY_LEASE", "4s"))
 	require.NoError(t, err)
 	require.Equal(t, 2*time.Second, c.Kafka.ProduceTimeout, "the default follows a short lease (R5a)")
+	require.Equal(t, 2*time.Second, c.Relay.DrainTimeout, "a stopping relay waits no longer than a send may take")
 
 	_, err = loadConfig(env("RELAY_LEASE", "10s", "KAFKA_PRODUCE_TIMEOUT", "6s"))
 	require.ErrorContains(t, err, "KAFKA_PRODUCE_TIMEOUT")

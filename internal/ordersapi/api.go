@@ -256,6 +256,12 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 		// store; nothing was written.
 		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Type: typeTooLarge, Title: "Event too large",
 			Detail: "the request would produce an event larger than the outbox accepts; store large content elsewhere and reference it"})
+	case errors.Is(err, orders.ErrCommitUnknown):
+		a.Log.ErrorContext(r.Context(), "request failed during commit; outcome unknown", "method", r.Method, "path", r.URL.Path,
+			"request_id", middleware.GetReqID(r.Context()), "error", err.Error())
+		writeProblem(w, problem{Status: http.StatusInternalServerError, Type: typeCommitUnknown, Title: "Outcome unknown",
+			Detail: "the database connection failed while committing; the command may or may not have taken effect. " +
+				"Re-read the order (or retry a create with the same Idempotency-Key) before repeating it"})
 	case errors.Is(err, context.Canceled):
 		// The client went away; nothing useful can be written.
 	default:

@@ -29,6 +29,7 @@ const (
 	typeIfMatchRequired  = "urn:outboxref:problem:if-match-required"
 	typeIllegalState     = "urn:outboxref:problem:illegal-transition"
 	typeIdempotencyReuse = "urn:outboxref:problem:idempotency-key-reused"
+	typeCommitUnknown    = "urn:outboxref:problem:commit-unknown"
 )
 
 func writeProblem(w http.ResponseWriter, p problem) {
