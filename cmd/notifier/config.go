@@ -169,10 +169,10 @@ func (c Config) print(w io.Writer) {
 		envconfig.MaskURL(c.DatabaseURL), c.HTTPAddr, c.ShutdownTimeout)
 	fmt.Fprintf(w, "config: kafka %s ORDERS_TOPIC=%s KAFKA_GROUP=%s KAFKA_INSTANCE_ID=%s KAFKA_SESSION_TIMEOUT=%s KAFKA_START_OFFSET=%s NOTIFIER_BATCH_MAX=%d\n",
 		c.Kafka.Conn, c.Kafka.Topic, c.Kafka.Group, c.Kafka.InstanceID, c.Kafka.SessionTimeout, c.Kafka.StartOffset, c.Kafka.BatchMax)
-	fmt.Fprintf(w, "config: SMTP_ADDR=%s SMTP_FROM=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s\n",
-		c.Email.SMTPAddr, c.Email.From, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap)
-	fmt.Fprintf(w, "config: ORDERS_API_URL=%s ORDERS_API_TOKEN=%s GAP_WINDOW=%s\n",
-		envconfig.MaskURL(c.OrdersAPIURL), envconfig.Mask(c.OrdersAPIToken), c.GapWindow)
+	fmt.Fprintf(w, "config: SMTP_ADDR=%s SMTP_FROM=%s SMTP_HELO_NAME=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s EMAIL_POLL_INTERVAL=%s\n",
+		c.Email.SMTPAddr, c.Email.From, c.Email.HeloName, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap, c.Email.PollInterval)
+	fmt.Fprintf(w, "config: ORDERS_API_URL=%s ORDERS_API_TOKEN=%s ORDERS_API_TIMEOUT=%s GAP_WINDOW=%s\n",
+		envconfig.MaskURL(c.OrdersAPIURL), envconfig.Mask(c.OrdersAPIToken), c.OrdersAPITimeout, c.GapWindow)
 	fmt.Fprintf(w, "config: PROCESSED_EVENT_TTL=%s BROKER_REDELIVERY_WINDOW=%s BACKUP_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d\n",
 		c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention, c.Retention.CleanupInterval, c.Retention.CleanupBatch)
 }
