@@ -232,6 +232,16 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event, apply ApplyFun
 		return res, nil
 
 	case v == last+1:
+		// A parked held event (a resync answered 404) still owns its
+		// version: a different event claiming it is a conflict to surface,
+		// not the next version to apply.
+		if held, err := q.InboxHeldGetByVersion(ctx, inboxdb.InboxHeldGetByVersionParams{
+			AggregateType: e.AggregateType, AggregateID: e.AggregateID, AggregateVersion: v,
+		}); err == nil && held.EventID != e.ID {
+			return ib.conflict(ctx, q, e, held.EventID, res)
+		} else if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return Result{}, fmt.Errorf("look up held version: %w", err)
+		}
 		fresh, err := insertMarker(ctx, q, e, "applied")
 		if err != nil {
 			return Result{}, err

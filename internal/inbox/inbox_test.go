@@ -369,6 +369,24 @@ func TestResyncDue(t *testing.T) {
 		require.Equal(t, inbox.Stats{ParkedEvents: 2}, st)
 	})
 
+	t.Run("ParkedVersionStillOwned", func(t *testing.T) {
+		t.Parallel()
+		f := setupGap(t)
+		waitDue(t, f)
+		var snaps []int64
+		_, err := f.ib.ResyncDue(context.Background(), f.pool, resync(f, func(context.Context, string, string) (inbox.Snapshot, error) {
+			return inbox.Snapshot{}, fmt.Errorf("%w: 404", inbox.ErrNotFound)
+		}, &snaps), 10)
+		require.NoError(t, err)
+		// The gap fills; v3 is parked, so the aggregate waits at v2.
+		require.Equal(t, inbox.Applied, f.handle(t, event("a", 2)).Outcome)
+		require.Equal(t, []int64{1, 2}, f.appliedVersions(t, "a"))
+		// A different event now claiming v3 conflicts with the parked one.
+		res := f.handle(t, event("a", 3))
+		require.Equal(t, inbox.Conflict, res.Outcome)
+		require.Equal(t, []int64{1, 2}, f.appliedVersions(t, "a"), "never applied over the parked event")
+	})
+
 	t.Run("FetchErrorRetriesLater", func(t *testing.T) {
 		t.Parallel()
 		f := setupGap(t)
