@@ -35,6 +35,7 @@ import (
 	"github.com/outboxref/orders/internal/notify"
 	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/pgtest"
+	"github.com/outboxref/orders/internal/testlog"
 )
 
 const (
@@ -67,25 +68,8 @@ func TestMain(m *testing.M) {
 type proc struct {
 	name string
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *testlog.Buffer
 	done chan struct{}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func start(t *testing.T, name string, env map[string]string, args ...string) *proc {
@@ -95,7 +79,7 @@ func start(t *testing.T, name string, env map[string]string, args ...string) *pr
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
-	p := &proc{name: name, cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
+	p := &proc{name: name, cmd: cmd, out: &testlog.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	require.NoError(t, cmd.Start())
 	go func() { _ = cmd.Wait(); close(p.done) }()

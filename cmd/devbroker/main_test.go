@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxref/orders/internal/testlog"
 )
 
 // start runs the broker until the test ends and returns its address.
@@ -19,7 +21,7 @@ func start(t *testing.T, vars map[string]string) (addr string, stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
-	var out lockedBuffer
+	var out testlog.Buffer
 	go func() {
 		done <- run(ctx, nil, func(k string) string { return vars[k] }, &out, func(a string) { ready <- a })
 	}()
@@ -93,21 +95,4 @@ func freePort(t *testing.T) string {
 	_, port, err := net.SplitHostPort(l.Addr().String())
 	require.NoError(t, err)
 	return port
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

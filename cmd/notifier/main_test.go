@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/outboxref/orders/internal/notify"
 	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/pgtest"
+	"github.com/outboxref/orders/internal/testlog"
 )
 
 func envFrom(m map[string]string) func(string) string {
@@ -157,7 +157,7 @@ func TestServe(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := &syncBuffer{}
+	out := &testlog.Buffer{}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, []string{"serve"}, env, out) }()
 	base := "http://" + httpAddr
@@ -297,21 +297,4 @@ func metricSum(t *testing.T, base, prefix string) float64 {
 		sum += v
 	}
 	return sum
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

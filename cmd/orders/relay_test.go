@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/pgtest"
+	"github.com/outboxref/orders/internal/testlog"
 )
 
 func TestRelayConfig(t *testing.T) {
@@ -60,7 +60,7 @@ func TestRelayConfig(t *testing.T) {
 func TestEnsureTopic(t *testing.T) {
 	t.Parallel()
 	port := freePort(t)
-	var logs syncBuffer
+	var logs testlog.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -111,7 +111,7 @@ func TestRunRelayOnly(t *testing.T) {
 		"RELAY_LEASE":        "4s",
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	var out syncBuffer
+	var out testlog.Buffer
 	done := make(chan error, 1)
 	go func() { done <- runRelayOnly(ctx, func(k string) string { return vars[k] }, &out) }()
 
@@ -158,22 +158,4 @@ func atoi(t *testing.T, s string) int {
 	n, err := strconv.Atoi(s)
 	require.NoError(t, err)
 	return n
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -1,7 +1,6 @@
 package notify
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -19,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/internal/inbox"
+	"github.com/outboxref/orders/internal/testlog"
 )
 
 // newTestConsumer builds a Consumer on the env's database without a broker,
@@ -156,24 +156,6 @@ func TestBatchWithinOneTransaction(t *testing.T) {
 	require.Zero(t, e.count("SELECT count(*) FROM inbox_held_event"))
 }
 
-// syncBuffer is a log sink the test can read while the notifier writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // produceOnePartition writes records, in order, to partition 0, so that
 // they reach the consumer in one fetch and one batch.
 func (e *env) produceOnePartition(recs ...*kgo.Record) {
@@ -211,7 +193,7 @@ func TestBatchFallsBackToRecords(t *testing.T) {
 
 	var mu sync.Mutex
 	applies := map[uuid.UUID]int{}
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	svc := e.startWith(func(s *Service) {
 		s.Projector.afterWrites = func(_ context.Context, _ pgx.Tx, x inbox.Event) error {
 			mu.Lock()

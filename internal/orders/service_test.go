@@ -21,6 +21,7 @@ import (
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/outbox"
 	"github.com/outboxref/orders/internal/pgtest"
+	"github.com/outboxref/orders/internal/testlog"
 )
 
 var (
@@ -32,25 +33,7 @@ var (
 type fixture struct {
 	svc  *Service
 	pool *pgxpool.Pool
-	logs *syncBuffer
-}
-
-// syncBuffer collects log output from concurrent requests.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	logs *testlog.Buffer
 }
 
 func setup(t testing.TB) *fixture {
@@ -58,7 +41,7 @@ func setup(t testing.TB) *fixture {
 	ms, err := migrate.Load(schema.Orders, "orders")
 	require.NoError(t, err)
 	db := pgtest.New(t, ms)
-	logs := &syncBuffer{}
+	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	return &fixture{svc: NewService(db.Pool, WithLogger(log)), pool: db.Pool, logs: logs}
 }
