@@ -74,6 +74,9 @@ type RelayConfig struct {
 	MetricsAddr string // RELAY_METRICS_ADDR
 }
 
+// defaultDatabaseURL suits the local demo; `migrate` and `serve` share it.
+const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/orders?sslmode=disable"
+
 const defaultDevTokens = "" // no default: tokens are secrets and must be configured
 
 // loadConfig reads the configuration of `orders serve`.
@@ -86,7 +89,7 @@ func loadRelayConfig(getenv func(string) string) (Config, error) { return load(g
 func load(getenv func(string) string, api bool) (Config, error) {
 	r := envconfig.New(getenv)
 	c := Config{
-		DatabaseURL:     r.String("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/orders?sslmode=disable"),
+		DatabaseURL:     r.String("DATABASE_URL", defaultDatabaseURL),
 		HTTPAddr:        r.String("HTTP_ADDR", ":8080"),
 		ShutdownTimeout: r.Duration("SHUTDOWN_TIMEOUT", 20*time.Second),
 		Kafka: KafkaConfig{

@@ -61,7 +61,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 func runMigrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	url := getenv("DATABASE_URL")
 	if url == "" {
-		url = "postgres://postgres@127.0.0.1:5432/orders?sslmode=disable"
+		url = defaultDatabaseURL
 	}
 	ms, err := migrate.Load(schema.Orders, "orders")
 	if err != nil {
