@@ -91,10 +91,10 @@ func (in CreateInput) fingerprint() []byte {
 
 // ValidateIdempotencyKey checks the Idempotency-Key header value.
 func ValidateIdempotencyKey(key string) error {
-	if len(key) > maxIdempotencKey || strings.IndexFunc(key, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+	if len(key) > maxIdempotencyKey || strings.IndexFunc(key, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
 		return &ValidationError{Fields: []FieldError{{
 			Field:   "Idempotency-Key",
-			Message: fmt.Sprintf("must be 1 to %d visible ASCII characters", maxIdempotencKey),
+			Message: fmt.Sprintf("must be 1 to %d visible ASCII characters", maxIdempotencyKey),
 		}}}
 	}
 	return nil

@@ -29,13 +29,13 @@ const (
 
 // Limits on a new order (W6: bounded input, bounded events).
 const (
-	MaxLines         = 100
-	MaxSKULength     = 64
-	MaxQuantity      = 10_000
-	MaxUnitPrice     = 100_000_000 // cents per unit
-	MaxEmailLength   = 254
-	MaxPageSize      = 100
-	maxIdempotencKey = 255
+	MaxLines          = 100
+	MaxSKULength      = 64
+	MaxQuantity       = 10_000
+	MaxUnitPrice      = 100_000_000 // cents per unit
+	MaxEmailLength    = 254
+	MaxPageSize       = 100
+	maxIdempotencyKey = 255
 )
 
 // Order is the aggregate as the API returns it.
