@@ -35,15 +35,19 @@ lint: ## gofmt and go vet (and golangci-lint when installed; see .golangci.yaml)
 $(SQLC):
 	./scripts/install-sqlc.sh $(SQLC_VERSION)
 
+# Every sqlc configuration: the services' own, and the reusable packages'
+# (each owns its queries, migrations and generated code).
+SQLC_CONFIGS := sqlc.yaml internal/outbox/sqlc.yaml internal/inbox/sqlc.yaml
+
 .PHONY: sqlc
-sqlc: $(SQLC) ## Regenerate the sqlc code after changing db/queries or db/schema.
+sqlc: $(SQLC) ## Regenerate the sqlc code after changing queries or migrations.
 	./scripts/install-sqlc.sh $(SQLC_VERSION)
-	$(SQLC) generate
+	@for f in $(SQLC_CONFIGS); do echo "sqlc generate -f $$f"; $(SQLC) generate -f $$f || exit 1; done
 
 .PHONY: sqlc-check
 sqlc-check: ## Fail when the committed sqlc code differs from what the pinned sqlc generates.
 	./scripts/install-sqlc.sh $(SQLC_VERSION)
-	$(SQLC) diff
+	@for f in $(SQLC_CONFIGS); do echo "sqlc diff -f $$f"; $(SQLC) diff -f $$f || exit 1; done
 
 .PHONY: build
 build: ## Build all binaries into ./bin.

@@ -30,8 +30,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/schema"
-	"github.com/outboxref/orders/internal/migrate"
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/notify"
 	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/pgtest"
@@ -158,16 +157,12 @@ func newBroker(t *testing.T) string {
 
 func ordersDB(t *testing.T) *pgtest.DB {
 	t.Helper()
-	ms, err := migrate.Load(schema.Orders, "orders")
-	require.NoError(t, err)
-	return pgtest.New(t, ms)
+	return pgtest.New(t, migrations.Orders()...)
 }
 
 func notifierDB(t *testing.T) *pgtest.DB {
 	t.Helper()
-	ms, err := migrate.Load(schema.Notifier, "notifier")
-	require.NoError(t, err)
-	return pgtest.New(t, ms)
+	return pgtest.New(t, migrations.Notifier()...)
 }
 
 func ordersEnv(db *pgtest.DB, httpAddr, broker string) map[string]string {

@@ -2,7 +2,8 @@
 // events into customer emails exactly once per event, with its own
 // database (inbox, order projection, email send ledger).
 //
-//	notifier migrate                 create the database if needed and apply migrations
+//	notifier migrate [status]        create the database if needed and apply the
+//	                                 inbox and notifier migration lines, or list them
 //	notifier serve                   consume, send emails, serve /healthz, /readyz, /metrics
 //	notifier emails [STATE]          list send-ledger rows (default: unknown)
 //	notifier resolve-email KEY RESOLUTION ACTOR
@@ -17,7 +18,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/migrate"
 )
 
@@ -34,6 +35,7 @@ const usage = `usage: notifier <command>
 
 commands:
   migrate                        create the database if needed and apply migrations (idempotent)
+  migrate status                 list each migration line's files and whether they are applied
   serve                          consume order events, send emails, serve /healthz /readyz /metrics
   emails [STATE]                 list send-ledger rows in STATE (default unknown)
   resolve-email KEY RES ACTOR    resolve an unknown or failed email; RES is sent, resend or failed
@@ -46,7 +48,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 	switch args[0] {
 	case "migrate":
-		return runMigrate(ctx, getenv, stdout)
+		return runMigrate(ctx, args[1:], getenv, stdout)
 	case "serve":
 		return runServe(ctx, getenv, stdout)
 	case "emails":
@@ -62,22 +64,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 }
 
-// migrations returns the notifier's embedded migrations.
-func migrations() ([]migrate.Migration, error) { return migrate.Load(schema.Notifier, "notifier") }
-
-func runMigrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	url := getenv("DATABASE_URL")
 	if url == "" {
 		url = defaultDatabaseURL
 	}
-	ms, err := migrations()
-	if err != nil {
-		return err
-	}
-	applied, err := migrate.Up(ctx, url, ms)
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	fmt.Fprintf(stdout, "migrate: %d applied %v, %d total\n", len(applied), applied, len(ms))
-	return nil
+	return migrate.Command(ctx, args, url, migrations.Notifier(), stdout)
 }

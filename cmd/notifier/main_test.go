@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -16,7 +15,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -90,7 +88,7 @@ func TestConfig(t *testing.T) {
 // idempotent.
 func TestMigrate(t *testing.T) {
 	t.Parallel()
-	url, _ := scratchDatabaseURL(t)
+	url := pgtest.Scratch(t, "notifier_cmd")
 	env := envFrom(map[string]string{"DATABASE_URL": url})
 	var out bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"migrate"}, env, &out))
@@ -98,29 +96,6 @@ func TestMigrate(t *testing.T) {
 	out.Reset()
 	require.NoError(t, run(context.Background(), []string{"migrate"}, env, &out))
 	require.Contains(t, out.String(), "migrate: 0 applied", "second run applies nothing")
-}
-
-// scratchDatabaseURL names a database that does not exist yet and drops it
-// when the test ends.
-func scratchDatabaseURL(t *testing.T) (url, name string) {
-	t.Helper()
-	cfg, err := pgx.ParseConfig(pgtest.ServerURL())
-	require.NoError(t, err)
-	name = "notifier_cmd_" + strings.ReplaceAll(uuid.NewString()[:8], "-", "")
-	url = fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, pgtest.ServerURL())
-		if err != nil {
-			t.Errorf("drop %s: %v", name, err)
-			return
-		}
-		defer conn.Close(ctx)
-		_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-		require.NoError(t, err)
-	})
-	return url, name
 }
 
 // TestServe runs the binary's serve command end to end: it migrates its
@@ -131,7 +106,7 @@ func scratchDatabaseURL(t *testing.T) (url, name string) {
 // cancelled context shuts it down cleanly.
 func TestServe(t *testing.T) {
 	t.Parallel()
-	dbURL, _ := scratchDatabaseURL(t)
+	dbURL := pgtest.Scratch(t, "notifier_cmd")
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, "orders.events"))
 	require.NoError(t, err)
 	t.Cleanup(cluster.Close)

@@ -17,7 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/kafkaconf"
+	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/notify"
 )
 
@@ -39,6 +41,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	}
 	defer pool.Close()
 
+	schema := migrate.NewSchemaCheck(pool, migrations.Notifier())
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -76,7 +79,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 
 	srv := &http.Server{
 		Addr:              cfg.HTTPAddr,
-		Handler:           newHandler(pool, reg),
+		Handler:           newHandler(pool, reg, schema),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      15 * time.Second,
@@ -89,7 +92,22 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopWork()
 	workDone := make(chan error, 1)
-	go func() { workDone <- svc.Run(workCtx) }()
+	go func() {
+		// Consuming into missing tables would fail every record; wait for
+		// `notifier migrate` (readiness says what is missing meanwhile).
+		last := time.Time{}
+		err := schema.Wait(workCtx, 2*time.Second, func(err error) {
+			if time.Since(last) > 30*time.Second {
+				last = time.Now()
+				log.Warn("waiting for the database schema; run `notifier migrate`", "reason", err.Error())
+			}
+		})
+		if err != nil {
+			workDone <- nil
+			return
+		}
+		workDone <- svc.Run(workCtx)
+	}()
 	log.Info("notifier started", "http_addr", cfg.HTTPAddr, "topic", cfg.Kafka.Topic, "group", cfg.Kafka.Group,
 		"unknown_policy", string(cfg.Email.UnknownPolicy), "pid", os.Getpid())
 
@@ -127,7 +145,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 // Readiness reflects the database only: a broker outage stops consumption
 // but is visible in the lag metric, and taking the notifier out of service
 // would not help.
-func newHandler(pool *pgxpool.Pool, reg *prometheus.Registry) http.Handler {
+func newHandler(pool *pgxpool.Pool, reg *prometheus.Registry, schema *migrate.SchemaCheck) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -137,6 +155,11 @@ func newHandler(pool *pgxpool.Pool, reg *prometheus.Registry) http.Handler {
 		defer cancel()
 		if err := pool.Ping(ctx); err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "database": "unreachable"})
+			return
+		}
+		if err := schema.Check(ctx); err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "database": "ok",
+				"schema": err.Error() + "; run `notifier migrate`"})
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "database": "ok",

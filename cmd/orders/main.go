@@ -2,7 +2,8 @@
 // their outbox events in one transaction, and the embedded outbox relay that
 // delivers those events to Kafka.
 //
-//	orders migrate   create the database if needed and apply migrations
+//	orders migrate [status]  create the database if needed and apply the
+//	                         outbox and orders migration lines, or list them
 //	orders serve     run the API (and the relay unless RELAY_ENABLED=false)
 //	orders relay     run the relay alone, to scale it apart from the API
 package main
@@ -15,7 +16,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/migrate"
 )
 
@@ -32,19 +33,25 @@ const usage = `usage: orders <command>
 
 commands:
   migrate   create the database if needed and apply migrations (idempotent)
+  migrate status
+            list each migration line's files and whether they are applied
   serve     run the HTTP API and, unless RELAY_ENABLED=false, the outbox relay
   relay     run only the outbox relay
   help      show this text
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	if len(args) != 1 {
+	if len(args) == 0 {
 		fmt.Fprint(stdout, usage)
-		return fmt.Errorf("expected one command")
+		return fmt.Errorf("expected a command")
+	}
+	if args[0] != "migrate" && len(args) != 1 {
+		fmt.Fprint(stdout, usage)
+		return fmt.Errorf("%s takes no arguments", args[0])
 	}
 	switch args[0] {
 	case "migrate":
-		return runMigrate(ctx, getenv, stdout)
+		return runMigrate(ctx, args[1:], getenv, stdout)
 	case "serve":
 		return runServe(ctx, getenv, stdout)
 	case "relay":
@@ -58,19 +65,10 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	}
 }
 
-func runMigrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	url := getenv("DATABASE_URL")
 	if url == "" {
 		url = defaultDatabaseURL
 	}
-	ms, err := migrate.Load(schema.Orders, "orders")
-	if err != nil {
-		return err
-	}
-	applied, err := migrate.Up(ctx, url, ms)
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	fmt.Fprintf(stdout, "migrate: %d applied %v, %d total\n", len(applied), applied, len(ms))
-	return nil
+	return migrate.Command(ctx, args, url, migrations.Orders(), stdout)
 }

@@ -16,7 +16,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/kafkaconf"
+	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/outbox"
 )
 
@@ -128,12 +130,19 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 	if err != nil {
 		return err
 	}
+	schema := migrate.NewSchemaCheck(pool, migrations.Orders())
 	relayDone := make(chan error, 1)
-	go func() { relayDone <- relay.Run(relayCtx) }()
+	go func() {
+		if err := waitForSchema(relayCtx, schema, log); err != nil {
+			relayDone <- nil
+			return
+		}
+		relayDone <- relay.Run(relayCtx)
+	}()
 
 	srv := &http.Server{
 		Addr:              cfg.Relay.MetricsAddr,
-		Handler:           relayMux(reg, pool),
+		Handler:           relayMux(reg, pool, schema),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -178,7 +187,7 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 // relayMux serves the relay-only process's operations endpoints. Readiness
 // reflects the database only: a broker outage is what the outbox absorbs,
 // and it shows in the metrics (O3).
-func relayMux(reg *prometheus.Registry, pool *pgxpool.Pool) http.Handler {
+func relayMux(reg *prometheus.Registry, pool *pgxpool.Pool, schema *migrate.SchemaCheck) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -190,6 +199,10 @@ func relayMux(reg *prometheus.Registry, pool *pgxpool.Pool) http.Handler {
 		defer cancel()
 		if err := pool.Ping(ctx); err != nil {
 			http.Error(w, "database unavailable", http.StatusServiceUnavailable)
+			return
+		}
+		if err := schema.Check(ctx); err != nil {
+			http.Error(w, "schema: "+err.Error()+"; run `orders migrate`", http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "ready\n") //nolint:errcheck // best effort

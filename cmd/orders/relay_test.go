@@ -17,8 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/schema"
-	"github.com/outboxref/orders/internal/migrate"
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/pgtest"
 	"github.com/outboxref/orders/internal/testlog"
 )
@@ -96,9 +95,7 @@ func TestEnsureTopic(t *testing.T) {
 // serves its operations endpoints, and stops cleanly on cancel.
 func TestRunRelayOnly(t *testing.T) {
 	t.Parallel()
-	ms, err := migrate.Load(schema.Orders, "orders")
-	require.NoError(t, err)
-	db := pgtest.New(t, ms)
+	db := pgtest.New(t, migrations.Orders()...)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	require.NoError(t, err)
 	defer c.Close()

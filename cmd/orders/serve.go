@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/ordersapi"
 	"github.com/outboxref/orders/internal/outbox"
@@ -43,6 +45,18 @@ func openPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// waitForSchema blocks until the database holds every migration this
+// binary embeds, logging what is missing now and then.
+func waitForSchema(ctx context.Context, schema *migrate.SchemaCheck, log *slog.Logger) error {
+	last := time.Time{}
+	return schema.Wait(ctx, 2*time.Second, func(err error) {
+		if time.Since(last) > 30*time.Second {
+			last = time.Now()
+			log.WarnContext(ctx, "waiting for the database schema; run `orders migrate`", "reason", err.Error())
+		}
+	})
+}
+
 func newRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -68,6 +82,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	defer pool.Close()
 	reg := newRegistry()
 
+	schema := migrate.NewSchemaCheck(pool, migrations.Orders())
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
 	// relayDone stays nil (never ready) when the relay is disabled.
@@ -81,7 +96,15 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 			return err
 		}
 		nudge, brokerState = relay.Nudge, relay.BrokerState
-		go func() { relayDone <- relay.Run(relayCtx) }()
+		go func() {
+			// Claims on missing tables would only fail; wait for `orders
+			// migrate` (readiness says what is missing meanwhile).
+			if err := waitForSchema(relayCtx, schema, log); err != nil {
+				relayDone <- nil
+				return
+			}
+			relayDone <- relay.Run(relayCtx)
+		}()
 	} else {
 		// The backlog metrics come from the table, so this process still
 		// shows a growing age when the relays elsewhere stop (O1).
@@ -98,7 +121,12 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 			Service: svc,
 			Tokens:  cfg.Tokens,
 			Log:     log,
-			Ready:   pool.Ping,
+			Ready: func(ctx context.Context) error {
+				if err := pool.Ping(ctx); err != nil {
+					return err
+				}
+				return schema.Check(ctx)
+			},
 			// The broker's state is shown, never used for readiness (O3).
 			Info:    func() map[string]string { return map[string]string{"broker": brokerState()} },
 			Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -11,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/pgtest"
 )
@@ -21,9 +23,7 @@ import (
 // operator sees the age grow when the separate relays stop.
 func TestServeWithoutRelay(t *testing.T) {
 	t.Parallel()
-	ms, err := migrate.Load(schema.Orders, "orders")
-	require.NoError(t, err)
-	db := pgtest.New(t, ms)
+	db := pgtest.New(t, migrations.Orders()...)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()
@@ -67,4 +67,75 @@ func TestServeWithoutRelay(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not stop after cancel")
 	}
+}
+
+// TestServeBeforeMigrate: started on a database without its tables, serve
+// answers /readyz with 503 naming the missing migrations (rather than 200
+// while every command fails), then becomes ready once `orders migrate` ran;
+// `orders migrate status` lists each line's files.
+func TestServeBeforeMigrate(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.Scratch(t, "orders_cmd")
+	require.NoError(t, migrate.EnsureDatabase(context.Background(), dbURL))
+	addr := freeAddr(t)
+	env := map[string]string{
+		"DATABASE_URL":  dbURL,
+		"HTTP_ADDR":     addr,
+		"AUTH_TOKENS":   "t=alice:customer",
+		"KAFKA_BROKERS": "127.0.0.1:1", // the relay waits for the schema first
+	}
+	getenv := func(k string) string { return env[k] }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve"}, getenv, io.Discard) }()
+
+	readyz := func() (int, map[string]string) {
+		res, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return 0, nil
+		}
+		defer res.Body.Close()
+		var body map[string]string
+		_ = json.NewDecoder(res.Body).Decode(&body)
+		return res.StatusCode, body
+	}
+	var body map[string]string
+	require.Eventually(t, func() bool {
+		var status int
+		status, body = readyz()
+		return status == http.StatusServiceUnavailable
+	}, 20*time.Second, 50*time.Millisecond)
+	require.Equal(t, "migration line outbox lacks 00001_outbox.sql; run `orders migrate`",
+		strings.TrimPrefix(body["schema"], migrate.ErrBehind.Error()+": "))
+
+	var out bytes.Buffer
+	require.NoError(t, run(ctx, []string{"migrate", "status"}, getenv, &out))
+	require.Regexp(t, `outbox\s+1\s+00001_outbox.sql\s+pending`, out.String())
+
+	out.Reset()
+	require.NoError(t, run(ctx, []string{"migrate"}, getenv, &out))
+	require.Contains(t, out.String(), "migrate: applied outbox/00001_outbox.sql")
+	require.Eventually(t, func() bool { s, _ := readyz(); return s == http.StatusOK }, 20*time.Second, 50*time.Millisecond)
+
+	out.Reset()
+	require.NoError(t, run(ctx, []string{"migrate", "status"}, getenv, &out))
+	require.Regexp(t, `outbox\s+1\s+00001_outbox.sql\s+applied`, out.String())
+	require.Regexp(t, `orders\s+1\s+00001_orders.sql\s+applied`, out.String())
+
+	cancel()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not stop after cancel")
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
 }

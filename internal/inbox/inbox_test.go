@@ -14,10 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/inbox"
-	"github.com/outboxref/orders/internal/migrate"
-	"github.com/outboxref/orders/internal/pgtest"
 )
 
 // The inbox's tests use a tiny "business" table of their own, so they show
@@ -35,10 +32,8 @@ type fixture struct {
 
 func setup(t *testing.T, window time.Duration) *fixture {
 	t.Helper()
-	ms, err := migrate.Load(schema.Notifier, "notifier")
-	require.NoError(t, err)
-	db := pgtest.New(t, ms)
-	_, err = db.Pool.Exec(context.Background(), businessTable)
+	db := newTestDB(t)
+	_, err := db.Pool.Exec(context.Background(), businessTable)
 	require.NoError(t, err)
 	reg := prometheus.NewRegistry()
 	ib, err := inbox.New(inbox.Config{GapWindow: window, ResyncRetry: window, Registerer: reg})

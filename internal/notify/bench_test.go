@@ -16,9 +16,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/inbox"
-	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/pgtest"
 )
 
@@ -52,9 +51,7 @@ func BenchmarkConsumeOneRecordPerTx(b *testing.B) {
 }
 
 func benchmarkConsume(b *testing.B, orders, perOrder, batchMax int) {
-	ms, err := migrate.Load(schema.Notifier, "notifier")
-	require.NoError(b, err)
-	db := pgtest.New(b, ms)
+	db := pgtest.New(b, migrations.Notifier()...)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	require.NoError(b, err)
 	b.Cleanup(c.Close)

@@ -22,8 +22,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/schema"
-	"github.com/outboxref/orders/internal/migrate"
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/notify/notifydb"
 	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/pgtest"
@@ -49,9 +48,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	ms, err := migrate.Load(schema.Notifier, "notifier")
-	require.NoError(t, err)
-	db := pgtest.New(t, ms)
+	db := pgtest.New(t, migrations.Notifier()...)
 
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, testTopic))
 	require.NoError(t, err)

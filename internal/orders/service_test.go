@@ -16,9 +16,8 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/auth"
-	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/outbox"
 	"github.com/outboxref/orders/internal/pgtest"
 	"github.com/outboxref/orders/internal/testlog"
@@ -38,9 +37,7 @@ type fixture struct {
 
 func setup(t testing.TB) *fixture {
 	t.Helper()
-	ms, err := migrate.Load(schema.Orders, "orders")
-	require.NoError(t, err)
-	db := pgtest.New(t, ms)
+	db := pgtest.New(t, migrations.Orders()...)
 	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	return &fixture{svc: NewService(db.Pool, WithLogger(log)), pool: db.Pool, logs: logs}

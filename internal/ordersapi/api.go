@@ -25,6 +25,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxref/orders/internal/auth"
+	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/outbox"
 )
@@ -44,7 +45,10 @@ type Config struct {
 	Tokens  *auth.Tokens
 	Log     *slog.Logger
 	// Ready reports whether the service can serve traffic: the database
-	// only (O3). A broker outage is absorbed by the outbox.
+	// is reachable and its schema is complete (O3). A broker outage is
+	// absorbed by the outbox. An error wrapping migrate.ErrBehind is shown
+	// to the caller; any other is logged and reported as the database
+	// being unavailable.
 	Ready func(ctx context.Context) error
 	// Info adds informational fields to /readyz (for example the broker
 	// state), which never affect readiness.
@@ -106,7 +110,11 @@ func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	status := http.StatusOK
 	if a.Ready != nil {
-		if err := a.Ready(ctx); err != nil {
+		switch err := a.Ready(ctx); {
+		case errors.Is(err, migrate.ErrBehind):
+			// Actionable and not sensitive: say which migrations are missing.
+			status, body["status"], body["schema"] = http.StatusServiceUnavailable, "unavailable", err.Error()+"; run `orders migrate`"
+		case err != nil:
 			a.Log.WarnContext(ctx, "not ready: database unavailable", "error", err.Error())
 			status, body["status"], body["database"] = http.StatusServiceUnavailable, "unavailable", "unavailable"
 		}

@@ -17,9 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/auth"
-	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/ordersapi"
 	"github.com/outboxref/orders/internal/pgtest"
@@ -45,9 +44,7 @@ func setup(t *testing.T, opts ...func(*setupOpts)) *client {
 	for _, f := range opts {
 		f(&o)
 	}
-	ms, err := migrate.Load(schema.Orders, "orders")
-	require.NoError(t, err)
-	db := pgtest.New(t, ms)
+	db := pgtest.New(t, migrations.Orders()...)
 	tokens, err := auth.ParseTokens(devTokens)
 	require.NoError(t, err)
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))

@@ -11,9 +11,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/auth"
-	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/ordersapi"
 	"github.com/outboxref/orders/internal/pgtest"
@@ -30,9 +29,7 @@ func FuzzCreateOrder(f *testing.F) {
 	f.Add([]byte(`[]`), "")
 	f.Add([]byte(`{"items":[null]}`), "key")
 
-	ms, err := migrate.Load(schema.Orders, "orders")
-	require.NoError(f, err)
-	db := pgtest.New(f, ms)
+	db := pgtest.New(f, migrations.Orders()...)
 	tokens, err := auth.ParseTokens(devTokens)
 	require.NoError(f, err)
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))

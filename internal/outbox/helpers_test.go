@@ -20,10 +20,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/schema"
-	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/outbox"
-	"github.com/outboxref/orders/internal/pgtest"
 )
 
 const (
@@ -51,18 +48,10 @@ func testTypes() []outbox.EventType {
 	}
 }
 
-var migrations = func() []migrate.Migration {
-	ms, err := migrate.Load(schema.Orders, "orders")
-	if err != nil {
-		panic(err)
-	}
-	return ms
-}()
-
 // env is one test's world: a fresh database and a one-broker kfake cluster
 // reached over TCP.
 type env struct {
-	db    *pgtest.DB
+	db    *testDB
 	kafka *kfake.Cluster
 	addrs []string
 	conn  []kgo.Opt // how clients reach the cluster: seed brokers, SASL
@@ -70,7 +59,7 @@ type env struct {
 
 func setup(t testing.TB, opts ...kfake.Opt) *env {
 	t.Helper()
-	db := pgtest.New(t, migrations)
+	db := newTestDB(t)
 	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.SeedTopics(partitions, topic)}, opts...)...)
 	require.NoError(t, err)
 	t.Cleanup(c.Close)

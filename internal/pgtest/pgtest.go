@@ -13,12 +13,14 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outboxref/orders/internal/migrate"
 )
@@ -36,9 +38,9 @@ type DB struct {
 	URL string
 }
 
-// New creates a fresh database with the given migrations applied and drops
-// it when the test ends.
-func New(t testing.TB, migrations []migrate.Migration) *DB {
+// New creates a fresh database with the given migration lines applied and
+// drops it when the test ends.
+func New(t testing.TB, lines ...migrate.Line) *DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -46,7 +48,7 @@ func New(t testing.TB, migrations []migrate.Migration) *DB {
 	admin := connectAdmin(ctx, t)
 	defer admin.Close(context.Background())
 
-	tpl, err := ensureTemplate(ctx, admin, migrations)
+	tpl, err := ensureTemplate(ctx, admin, lines)
 	if err != nil {
 		t.Fatalf("pgtest: prepare template database: %v", err)
 	}
@@ -110,14 +112,24 @@ func withDatabase(t testing.TB, name string) string {
 	return fmt.Sprintf("postgres://%s@%s/%s?sslmode=disable", user, host, name)
 }
 
-// ensureTemplate builds the template for this exact set of migrations once
-// per server. A cluster-wide advisory lock serialises test binaries that
+// ensureTemplate builds the template for this exact set of migration files
+// once per server. A cluster-wide advisory lock serialises test binaries that
 // run in parallel; the template is built under a temporary name and renamed
 // when complete, so a crash never leaves a half-migrated template behind.
-func ensureTemplate(ctx context.Context, admin *pgx.Conn, migrations []migrate.Migration) (string, error) {
+func ensureTemplate(ctx context.Context, admin *pgx.Conn, lines []migrate.Line) (string, error) {
 	h := sha256.New()
-	for _, m := range migrations {
-		fmt.Fprintf(h, "%d\x00%s\x00%s\x00", m.Version, m.Name, m.SQL)
+	for _, l := range lines {
+		names, err := fs.Glob(l.FS, "*.sql")
+		if err != nil {
+			return "", err
+		}
+		for _, name := range names {
+			b, err := fs.ReadFile(l.FS, name)
+			if err != nil {
+				return "", err
+			}
+			fmt.Fprintf(h, "%s\x00%s\x00%s\x00", l.Name, name, b)
+		}
 	}
 	tpl := "tpl_" + hex.EncodeToString(h.Sum(nil))[:16]
 
@@ -142,13 +154,10 @@ func ensureTemplate(ctx context.Context, admin *pgx.Conn, migrations []migrate.M
 	}
 	cfg := admin.Config().Copy()
 	cfg.Database = building
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	if err != nil {
-		return "", err
-	}
+	db := stdlib.OpenDB(*cfg)
 	// Up's database creation step is a no-op here; apply directly.
-	_, err = migrate.Apply(ctx, conn, migrations)
-	conn.Close(ctx)
+	_, err := migrate.Apply(ctx, db, lines...)
+	db.Close()
 	if err != nil {
 		return "", err
 	}
@@ -163,4 +172,21 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// Scratch returns the URL of a database that does not exist yet, for tests
+// of code that creates it (migrate), and drops it when the test ends.
+func Scratch(t testing.TB, prefix string) string {
+	t.Helper()
+	name := prefix + "_" + randomHex(6)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		c := connectAdmin(ctx, t)
+		defer c.Close(ctx)
+		if _, err := c.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS %s WITH (FORCE)", pgx.Identifier{name}.Sanitize())); err != nil {
+			t.Errorf("pgtest: drop %s: %v", name, err)
+		}
+	})
+	return withDatabase(t, name)
 }

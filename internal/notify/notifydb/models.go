@@ -35,56 +35,6 @@ type EmailSend struct {
 	Resolution     *string
 }
 
-type InboxAggregate struct {
-	AggregateType   string
-	AggregateID     string
-	LastVersion     int64
-	GapSince        *time.Time
-	ResyncAfter     *time.Time
-	ResyncAttempts  int32
-	LastResyncError *string
-	UpdatedAt       time.Time
-}
-
-type InboxConflict struct {
-	EventID          uuid.UUID
-	AggregateType    string
-	AggregateID      string
-	AggregateVersion int64
-	EventType        string
-	ExistingEventID  uuid.UUID
-	Payload          []byte
-	DetectedAt       time.Time
-}
-
-type InboxHeldEvent struct {
-	EventID          uuid.UUID
-	AggregateType    string
-	AggregateID      string
-	AggregateVersion int64
-	EventType        string
-	SchemaVersion    int32
-	EventTime        time.Time
-	Payload          []byte
-	State            string
-	ParkReason       *string
-	HeldAt           time.Time
-	ParkedAt         *time.Time
-}
-
-type InboxParkedRecord struct {
-	ID          int64
-	Source      string
-	Partition   int32
-	Offset      int64
-	EventID     *string
-	RecordKey   []byte
-	RecordValue []byte
-	Headers     []byte
-	Reason      string
-	ParkedAt    time.Time
-}
-
 type OrderProjection struct {
 	OrderID              uuid.UUID
 	Email                string
@@ -95,15 +45,4 @@ type OrderProjection struct {
 	Version              int64
 	LastEventID          *uuid.UUID
 	UpdatedAt            time.Time
-}
-
-type ProcessedEvent struct {
-	EventID          uuid.UUID
-	AggregateType    string
-	AggregateID      string
-	AggregateVersion int64
-	EventType        string
-	Outcome          string
-	ReceivedAt       time.Time
-	ProcessedAt      time.Time
 }

@@ -37,26 +37,3 @@ type OrderLine struct {
 	Quantity       int32
 	UnitPriceCents int64
 }
-
-type Outbox struct {
-	EventID          uuid.UUID
-	AggregateType    string
-	AggregateID      string
-	AggregateVersion int64
-	EventType        string
-	SchemaVersion    int32
-	Payload          []byte
-	Traceparent      *string
-	CreatedAt        time.Time
-	State            string
-	LeaseOwner       *string
-	LeaseToken       *uuid.UUID
-	LeaseExpiresAt   *time.Time
-	Attempts         int32
-	NextAttemptAt    time.Time
-	LastErrorClass   *string
-	LastError        *string
-	BrokerPartition  *int32
-	BrokerOffset     *int64
-	DeliveredAt      *time.Time
-}

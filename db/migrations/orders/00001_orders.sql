@@ -1,3 +1,4 @@
+-- +goose Up
 -- Orders: the business aggregate. `version` is the optimistic-concurrency
 -- token exposed as the ETag; every command bumps it inside the same
 -- transaction that writes its outbox rows (W1).

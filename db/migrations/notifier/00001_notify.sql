@@ -1,3 +1,4 @@
+-- +goose Up
 -- The notifier's own state: a projection of each order, and the send ledger
 -- that is the notifier's outbox for email (C4).
 

@@ -1,3 +1,4 @@
+-- +goose Up
 -- The inbox of the idempotent consumer (C2, C3, C6). Everything here is
 -- written in the same local transaction as the business change, so the
 -- inbox and the state it protects always agree (V4).

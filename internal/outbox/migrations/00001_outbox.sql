@@ -1,3 +1,4 @@
+-- +goose Up
 -- The transactional outbox (W3). Rows are inserted in the business
 -- transaction and delivered by the relay (R1-R6). Column names are a
 -- contract: the docs, the runbook and outside checks use them.
