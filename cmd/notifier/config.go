@@ -1,10 +1,14 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/mail"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -53,7 +57,12 @@ type EmailConfig struct {
 	SMTPAddr       string               // SMTP_ADDR
 	From           string               // SMTP_FROM
 	HeloName       string               // SMTP_HELO_NAME
-	SendTimeout    time.Duration        // SMTP_TIMEOUT: one send, dial to reply
+	SendTimeout    time.Duration        // SMTP_TIMEOUT: one send, dial (or reuse) to reply
+	TLS            notify.TLSMode       // SMTP_TLS: none | starttls | tls
+	TLSCAFile      string               // SMTP_TLS_CA_FILE: PEM bundle; empty means the system roots
+	TLSServerName  string               // SMTP_TLS_SERVER_NAME: empty means the host of SMTP_ADDR
+	Username       string               // SMTP_USERNAME
+	Password       string               // SMTP_PASSWORD
 	SendingTimeout time.Duration        // EMAIL_SENDING_TIMEOUT: 'sending' longer than this becomes unknown
 	UnknownPolicy  notify.UnknownPolicy // EMAIL_UNKNOWN_POLICY: hold | resend
 	MaxAttempts    int                  // EMAIL_MAX_ATTEMPTS
@@ -102,6 +111,11 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			From:           r.String("SMTP_FROM", "orders@outboxref.local"),
 			HeloName:       r.String("SMTP_HELO_NAME", "notifier.outboxref.local"),
 			SendTimeout:    r.Duration("SMTP_TIMEOUT", 30*time.Second),
+			TLS:            notify.TLSMode(strings.ToLower(r.String("SMTP_TLS", string(notify.TLSNone)))),
+			TLSCAFile:      r.String("SMTP_TLS_CA_FILE", ""),
+			TLSServerName:  r.String("SMTP_TLS_SERVER_NAME", ""),
+			Username:       r.String("SMTP_USERNAME", ""),
+			Password:       r.String("SMTP_PASSWORD", ""),
 			SendingTimeout: r.Duration("EMAIL_SENDING_TIMEOUT", 5*time.Minute),
 			UnknownPolicy:  notify.UnknownPolicy(strings.ToLower(r.String("EMAIL_UNKNOWN_POLICY", string(notify.PolicyHold)))),
 			MaxAttempts:    r.Int("EMAIL_MAX_ATTEMPTS", 10, 1, 1000),
@@ -137,6 +151,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	if a, err := mail.ParseAddress(c.Email.From); err != nil || a.Name != "" {
 		r.Fail("SMTP_FROM=%q: want a bare email address such as orders@example.com", c.Email.From)
 	}
+	checkSMTP(r, c.Email)
 	switch c.Email.UnknownPolicy {
 	case notify.PolicyHold, notify.PolicyResend:
 	default:
@@ -163,14 +178,81 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	return c, nil
 }
 
+// checkSMTP validates how the relay is reached. Credentials go over TLS
+// only: a password sent in clear is readable by anyone on the path, so
+// SMTP_TLS=none with credentials is refused rather than silently honoured.
+func checkSMTP(r *envconfig.Reader, e EmailConfig) {
+	host, _, err := net.SplitHostPort(e.SMTPAddr)
+	if err != nil {
+		r.Fail("SMTP_ADDR=%q: want host:port", e.SMTPAddr)
+	}
+	if (e.Username == "") != (e.Password == "") {
+		r.Fail("SMTP_USERNAME and SMTP_PASSWORD go together: set both or neither")
+	}
+	switch e.TLS {
+	case notify.TLSNone:
+		if e.Username != "" || e.Password != "" {
+			r.Fail("SMTP_USERNAME and SMTP_PASSWORD need SMTP_TLS=starttls or SMTP_TLS=tls: credentials are never sent over a plain connection")
+		}
+		if e.TLSCAFile != "" || e.TLSServerName != "" {
+			r.Fail("SMTP_TLS_CA_FILE and SMTP_TLS_SERVER_NAME need SMTP_TLS=starttls or SMTP_TLS=tls")
+		}
+	case notify.TLSStartTLS, notify.TLSImplicit:
+		if err == nil && host == "" && e.TLSServerName == "" {
+			r.Fail("SMTP_ADDR=%q has no host to verify the relay's certificate against: set SMTP_TLS_SERVER_NAME", e.SMTPAddr)
+		}
+		if e.TLSCAFile != "" {
+			if _, err := loadCAFile(e.TLSCAFile); err != nil {
+				r.Fail("SMTP_TLS_CA_FILE: %v", err)
+			}
+		}
+	default:
+		r.Fail("SMTP_TLS=%q: want none, starttls or tls", e.TLS)
+	}
+}
+
+// mailer builds the SMTP client the settings describe. The caller closes
+// it, which ends its cached connection.
+func (e EmailConfig) mailer() (*notify.SMTPMailer, error) {
+	m := &notify.SMTPMailer{Addr: e.SMTPAddr, HeloName: e.HeloName, Timeout: e.SendTimeout,
+		TLS: e.TLS, Username: e.Username, Password: e.Password}
+	if e.TLS == notify.TLSNone {
+		return m, nil
+	}
+	m.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: e.TLSServerName}
+	if e.TLSCAFile != "" {
+		roots, err := loadCAFile(e.TLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("SMTP_TLS_CA_FILE: %w", err)
+		}
+		m.TLSConfig.RootCAs = roots
+	}
+	return m, nil
+}
+
+// loadCAFile reads a PEM bundle of CA certificates.
+func loadCAFile(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read CA file: %w", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", path)
+	}
+	return roots, nil
+}
+
 // print writes the configuration with secrets masked.
 func (c Config) print(w io.Writer) {
 	fmt.Fprintf(w, "config: DATABASE_URL=%s HTTP_ADDR=%s SHUTDOWN_TIMEOUT=%s\n",
 		envconfig.MaskURL(c.DatabaseURL), c.HTTPAddr, c.ShutdownTimeout)
 	fmt.Fprintf(w, "config: kafka %s ORDERS_TOPIC=%s KAFKA_GROUP=%s KAFKA_INSTANCE_ID=%s KAFKA_SESSION_TIMEOUT=%s KAFKA_START_OFFSET=%s NOTIFIER_BATCH_MAX=%d\n",
 		c.Kafka.Conn, c.Kafka.Topic, c.Kafka.Group, c.Kafka.InstanceID, c.Kafka.SessionTimeout, c.Kafka.StartOffset, c.Kafka.BatchMax)
-	fmt.Fprintf(w, "config: SMTP_ADDR=%s SMTP_FROM=%s SMTP_HELO_NAME=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s EMAIL_POLL_INTERVAL=%s\n",
-		c.Email.SMTPAddr, c.Email.From, c.Email.HeloName, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap, c.Email.PollInterval)
+	fmt.Fprintf(w, "config: SMTP_ADDR=%s SMTP_TLS=%s SMTP_TLS_CA_FILE=%s SMTP_TLS_SERVER_NAME=%s SMTP_USERNAME=%s SMTP_PASSWORD=%s\n",
+		c.Email.SMTPAddr, c.Email.TLS, c.Email.TLSCAFile, c.Email.TLSServerName, c.Email.Username, envconfig.Mask(c.Email.Password))
+	fmt.Fprintf(w, "config: SMTP_FROM=%s SMTP_HELO_NAME=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s EMAIL_POLL_INTERVAL=%s\n",
+		c.Email.From, c.Email.HeloName, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap, c.Email.PollInterval)
 	fmt.Fprintf(w, "config: ORDERS_API_URL=%s ORDERS_API_TOKEN=%s ORDERS_API_TIMEOUT=%s GAP_WINDOW=%s\n",
 		envconfig.MaskURL(c.OrdersAPIURL), envconfig.Mask(c.OrdersAPIToken), c.OrdersAPITimeout, c.GapWindow)
 	fmt.Fprintf(w, "config: PROCESSED_EVENT_TTL=%s BROKER_REDELIVERY_WINDOW=%s BACKUP_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d\n",

@@ -59,9 +59,12 @@ func TestConfig(t *testing.T) {
 		require.Equal(t, ":8081", c.HTTPAddr)
 		require.Equal(t, notify.PolicyHold, c.Email.UnknownPolicy)
 		require.Equal(t, notify.DefaultMaxBatchRecords, c.Kafka.BatchMax)
+		require.Equal(t, notify.TLSNone, c.Email.TLS, "the local demo sink speaks plain SMTP")
+		require.Empty(t, c.Email.Username)
 		var out bytes.Buffer
 		c.print(&out)
 		require.Contains(t, out.String(), "NOTIFIER_BATCH_MAX=200")
+		require.Contains(t, out.String(), "SMTP_TLS=none")
 		require.NotContains(t, out.String(), "secret-token")
 		require.Contains(t, out.String(), "ORDERS_API_TOKEN=xxxxx")
 	})
@@ -81,6 +84,87 @@ func TestConfig(t *testing.T) {
 			"EMAIL_SENDING_TIMEOUT", "GAP_WINDOW", "SASL", "NOTIFIER_BATCH_MAX=\"0\": want an integer from 1 to 2000"} {
 			require.Contains(t, err.Error(), want)
 		}
+	})
+}
+
+// TestSMTPConfig: credentials go over TLS only, and the password is never
+// printed.
+func TestSMTPConfig(t *testing.T) {
+	t.Parallel()
+	base := func(kv ...string) func(string) string {
+		m := map[string]string{"ORDERS_API_TOKEN": "svc"}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return envFrom(m)
+	}
+
+	t.Run("AuthWithoutTLSRefused", func(t *testing.T) {
+		t.Parallel()
+		var out bytes.Buffer
+		err := run(context.Background(), []string{"serve"}, base("SMTP_USERNAME", "notifier", "SMTP_PASSWORD", "smtp-s3cret",
+			"DATABASE_URL", "postgres://nobody@127.0.0.1:1/none"), &out)
+		require.Error(t, err)
+		require.Contains(t, err.Error(), "SMTP_TLS=starttls or SMTP_TLS=tls")
+		require.NotContains(t, err.Error(), "smtp-s3cret")
+		require.Empty(t, out.String(), "nothing started")
+	})
+
+	t.Run("Refused", func(t *testing.T) {
+		t.Parallel()
+		for _, tc := range []struct {
+			name string
+			env  []string
+			want string
+		}{
+			{"UsernameWithoutPassword", []string{"SMTP_TLS", "starttls", "SMTP_USERNAME", "notifier"}, "SMTP_USERNAME and SMTP_PASSWORD go together"},
+			{"PasswordWithoutUsername", []string{"SMTP_TLS", "tls", "SMTP_PASSWORD", "smtp-s3cret"}, "SMTP_USERNAME and SMTP_PASSWORD go together"},
+			{"UnknownTLSMode", []string{"SMTP_TLS", "ssl"}, `SMTP_TLS="ssl": want none, starttls or tls`},
+			{"CAFileWithoutTLS", []string{"SMTP_TLS_CA_FILE", "/etc/ssl/ca.pem"}, "SMTP_TLS_CA_FILE and SMTP_TLS_SERVER_NAME need SMTP_TLS"},
+			{"MissingCAFile", []string{"SMTP_TLS", "starttls", "SMTP_TLS_CA_FILE", "/nonexistent/ca.pem"}, "SMTP_TLS_CA_FILE: read CA file"},
+			{"NoHostToVerify", []string{"SMTP_TLS", "tls", "SMTP_ADDR", ":465"}, "set SMTP_TLS_SERVER_NAME"},
+			{"AddrWithoutPort", []string{"SMTP_ADDR", "smtp.example.com"}, `SMTP_ADDR="smtp.example.com": want host:port`},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				_, err := loadConfig(base(tc.env...))
+				require.Error(t, err)
+				require.Contains(t, err.Error(), tc.want)
+				require.NotContains(t, err.Error(), "smtp-s3cret")
+			})
+		}
+	})
+
+	t.Run("PasswordMasked", func(t *testing.T) {
+		t.Parallel()
+		c, err := loadConfig(base("SMTP_TLS", "STARTTLS", "SMTP_ADDR", "smtp.example.com:587",
+			"SMTP_USERNAME", "notifier", "SMTP_PASSWORD", "smtp-s3cret"))
+		require.NoError(t, err)
+		require.Equal(t, notify.TLSStartTLS, c.Email.TLS)
+		var out bytes.Buffer
+		c.print(&out)
+		require.Contains(t, out.String(), "SMTP_TLS=starttls")
+		require.Contains(t, out.String(), "SMTP_USERNAME=notifier SMTP_PASSWORD=xxxxx")
+		require.NotContains(t, out.String(), "smtp-s3cret")
+	})
+
+	// FromEnvironment: the settings reach a relay that requires STARTTLS
+	// and AUTH, trusting only the CA in SMTP_TLS_CA_FILE.
+	t.Run("FromEnvironment", func(t *testing.T) {
+		t.Parallel()
+		srv := smtptest.StartWith(t, smtptest.Options{TLS: smtptest.StartTLS, Username: "notifier", Password: "smtp-s3cret"})
+		c, err := loadConfig(base("SMTP_ADDR", srv.Addr, "SMTP_TLS", "starttls", "SMTP_TLS_CA_FILE", srv.WriteCAFile(t),
+			"SMTP_USERNAME", "notifier", "SMTP_PASSWORD", "smtp-s3cret"))
+		require.NoError(t, err)
+		m, err := c.Email.mailer()
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = m.Close() })
+		_, err = m.Send(context.Background(), c.Email.From, "alice@example.com", []byte("Subject: hello\r\n\r\nhello\r\n"))
+		require.NoError(t, err)
+		got := srv.Accepted()
+		require.Len(t, got, 1)
+		require.True(t, got[0].TLS)
+		require.Equal(t, "PLAIN", got[0].AuthMechanism)
 	})
 }
 

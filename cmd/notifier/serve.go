@@ -26,7 +26,8 @@ import (
 // runServe runs the notifier until ctx ends. Shutdown order: stop the HTTP
 // server, then the consumer (it finishes the batch in hand and commits the
 // offsets of everything processed), then the email sender (it finishes the
-// email in flight and releases what it claimed but did not start).
+// email in flight and releases what it claimed but did not start), and last
+// the SMTP connection kept between sends.
 func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
 	cfg, err := loadConfig(getenv)
 	if err != nil {
@@ -34,6 +35,15 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	}
 	cfg.print(stdout)
 	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo}))
+
+	mailer, err := cfg.Email.mailer()
+	if err != nil {
+		return err
+	}
+	// Deferred, so it runs once the sender has stopped. Should the stop
+	// outlast SHUTDOWN_TIMEOUT, a send still in flight closes its own
+	// connection instead of caching it.
+	defer func() { _ = mailer.Close() }()
 
 	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -62,7 +72,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 			BatchSize: 10, PollInterval: cfg.Email.PollInterval, SendingTimeout: cfg.Email.SendingTimeout,
 			MaxAttempts: cfg.Email.MaxAttempts, BackoffBase: cfg.Email.BackoffBase, BackoffCap: cfg.Email.BackoffCap,
 		},
-		Mailer:            &notify.SMTPMailer{Addr: cfg.Email.SMTPAddr, HeloName: cfg.Email.HeloName, Timeout: cfg.Email.SendTimeout},
+		Mailer:            mailer,
 		Orders:            notify.NewOrdersClient(cfg.OrdersAPIURL, cfg.OrdersAPIToken, cfg.OrdersAPITimeout),
 		GapWindow:         cfg.GapWindow,
 		ResyncInterval:    min(max(cfg.GapWindow/4, 100*time.Millisecond), 5*time.Second),
