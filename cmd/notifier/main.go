@@ -7,6 +7,7 @@
 //	notifier emails [STATE]          list send-ledger rows (default: unknown)
 //	notifier resolve-email KEY RESOLUTION ACTOR
 //	                                 resolve an unknown or failed email: sent, resend or failed
+//	notifier healthcheck             exit 0 if `notifier serve` here answers /readyz (for images without curl)
 package main
 
 import (
@@ -18,6 +19,7 @@ import (
 	"syscall"
 
 	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/internal/healthcheck"
 	"github.com/outboxref/orders/internal/migrate"
 )
 
@@ -37,6 +39,7 @@ commands:
   serve                          consume order events, send emails, serve /healthz /readyz /metrics
   emails [STATE]                 list send-ledger rows in STATE (default unknown)
   resolve-email KEY RES ACTOR    resolve an unknown or failed email; RES is sent, resend or failed
+  healthcheck                    probe /readyz on HTTP_ADDR; exit 0 when ready
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -53,6 +56,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return runEmails(ctx, args[1:], getenv, stdout)
 	case "resolve-email":
 		return runResolveEmail(ctx, args[1:], getenv, stdout)
+	case "healthcheck":
+		return healthcheck.Run(ctx, loadHealthcheckConfig(getenv), "/readyz", stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -66,10 +71,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 func migrations() ([]migrate.Migration, error) { return migrate.Load(schema.Notifier, "notifier") }
 
 func runMigrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	url := getenv("DATABASE_URL")
-	if url == "" {
-		url = defaultDatabaseURL
-	}
+	url := loadMigrateConfig(getenv)
 	ms, err := migrations()
 	if err != nil {
 		return err

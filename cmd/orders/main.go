@@ -2,9 +2,10 @@
 // their outbox events in one transaction, and the embedded outbox relay that
 // delivers those events to Kafka.
 //
-//	orders migrate   create the database if needed and apply migrations
-//	orders serve     run the API (and the relay unless RELAY_ENABLED=false)
-//	orders relay     run the relay alone, to scale it apart from the API
+//	orders migrate      create the database if needed and apply migrations
+//	orders serve        run the API (and the relay unless RELAY_ENABLED=false)
+//	orders relay        run the relay alone, to scale it apart from the API
+//	orders healthcheck  exit 0 if `orders serve` here answers /readyz (for images without curl)
 package main
 
 import (
@@ -16,6 +17,7 @@ import (
 	"syscall"
 
 	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/internal/healthcheck"
 	"github.com/outboxref/orders/internal/migrate"
 )
 
@@ -31,10 +33,11 @@ func main() {
 const usage = `usage: orders <command>
 
 commands:
-  migrate   create the database if needed and apply migrations (idempotent)
-  serve     run the HTTP API and, unless RELAY_ENABLED=false, the outbox relay
-  relay     run only the outbox relay
-  help      show this text
+  migrate      create the database if needed and apply migrations (idempotent)
+  serve        run the HTTP API and, unless RELAY_ENABLED=false, the outbox relay
+  relay        run only the outbox relay
+  healthcheck  probe /readyz of the API on HTTP_ADDR; exit 0 when ready
+  help         show this text
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -49,6 +52,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return runServe(ctx, getenv, stdout)
 	case "relay":
 		return runRelayOnly(ctx, getenv, stdout)
+	case "healthcheck":
+		return healthcheck.Run(ctx, loadHealthcheckConfig(getenv), "/readyz", stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -59,10 +64,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 }
 
 func runMigrate(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
-	url := getenv("DATABASE_URL")
-	if url == "" {
-		url = defaultDatabaseURL
-	}
+	url := loadMigrateConfig(getenv)
 	ms, err := migrate.Load(schema.Orders, "orders")
 	if err != nil {
 		return err
