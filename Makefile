@@ -13,7 +13,7 @@ help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: demo
-demo: ## Run the whole demo locally: dev broker, orders API + relay, notifier, mail sink.
+demo: ## Run the whole demo locally: dev broker, orders API + relay, notifier, Mailpit.
 	./scripts/demo.sh
 
 .PHONY: test

@@ -1,24 +1,40 @@
 #!/usr/bin/env bash
 # Runs the whole chain on this machine: a dev Kafka broker, the orders
-# service (API + embedded relay), the notifier and an SMTP sink. It needs Go
-# and a PostgreSQL server (DEMO_PG, default 127.0.0.1:5432 as postgres).
-# Ctrl-C stops everything; state is kept in .demo/ (delete it to start over).
+# service (API + embedded relay), the notifier and Mailpit (an SMTP server
+# with an API listing what it received). It needs Go and a PostgreSQL
+# server (DEMO_PG, default postgres://postgres@127.0.0.1:$PG_PORT).
+# Defaults are in scripts/demo.env; the environment overrides them.
+#
+# Ctrl-C stops everything. Kept in .demo/: the binaries, the logs, the
+# broker's topic and Mailpit's messages; the orders and notifier databases
+# stay in PostgreSQL. .demo/NAME.pid names each service's current process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PG=${DEMO_PG:-postgres://postgres@127.0.0.1:5432}
-ORDERS_PORT=${ORDERS_PORT:-8080}
-NOTIFIER_PORT=${NOTIFIER_PORT:-8081}
-BROKER=${KAFKA_BROKERS:-127.0.0.1:9092}
-SMTP_PORT=${SMTP_PORT:-1025}
-MAIL_UI_PORT=${MAIL_UI_PORT:-8025}
-export AUTH_TOKENS=${AUTH_TOKENS:-dev-alice=alice:customer,dev-bob=bob:customer,dev-ops=ops:admin,dev-ops2=ops2:admin,dev-notifier=notifier:service}
-export ORDERS_TOPIC=${ORDERS_TOPIC:-orders.events}
-export ORDERS_TOPIC_PARTITIONS=${ORDERS_TOPIC_PARTITIONS:-6}
-export KAFKA_BROKERS=$BROKER
+# Each default of demo.env that the environment does not set.
+while IFS= read -r line || [ -n "$line" ]; do
+  case $line in '' | '#'*) continue ;; esac
+  key=${line%%=*}
+  [ -n "${!key:-}" ] || printf -v "$key" '%s' "${line#*=}"
+done <scripts/demo.env
 
+PG=${DEMO_PG:-postgres://postgres@127.0.0.1:$PG_PORT}
+BROKER=127.0.0.1:$BROKER_PORT
+export AUTH_TOKENS ORDERS_TOPIC ORDERS_TOPIC_PARTITIONS
+export KAFKA_BROKERS=$BROKER
 state=.demo
-mkdir -p "$state/bin" "$state/logs" "$state/kafka"
+
+# The ports first: a clash found after some services started would leave
+# half a demo running.
+busy=0
+for name in ORDERS_PORT NOTIFIER_PORT BROKER_PORT SMTP_PORT MAIL_UI_PORT; do
+  port=${!name}
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "port $port ($name) is already in use on 127.0.0.1: stop what listens there (ss -ltnp 'sport = :$port') or set $name to a free port" >&2
+    busy=1
+  fi
+done
+[ "$busy" = 0 ] || exit 1
 
 if ! command -v pg_isready >/dev/null || ! pg_isready -q -d "$PG/postgres"; then
   echo "PostgreSQL is not reachable at $PG." >&2
@@ -26,58 +42,95 @@ if ! command -v pg_isready >/dev/null || ! pg_isready -q -d "$PG/postgres"; then
   exit 1
 fi
 
+mkdir -p "$state/bin" "$state/logs" "$state/kafka"
 echo "building binaries into $state/bin"
 go build -o "$state/bin/" ./cmd/...
+mailpit=$(scripts/install-mailpit.sh "$MAILPIT_VERSION")
 
 pids=()
 rm -f "$state/stopping"
 cleanup() {
-  trap - INT TERM EXIT
-  echo; echo "stopping demo"
+  # A second Ctrl-C must not cut the orderly stop short and leave services
+  # running without their supervisors.
+  trap '' INT TERM HUP
+  trap - EXIT
+  [ ${#pids[@]} -gt 0 ] || return 0
+  echo
+  echo "stopping demo (each service finishes its work in hand; a few seconds)"
   touch "$state/stopping"
-  for ((i=${#pids[@]}-1; i>=0; i--)); do
-    pkill -TERM -P "${pids[i]}" 2>/dev/null || true
-    kill "${pids[i]}" 2>/dev/null || true
+  # Newest first: the notifier and orders finish their work (the relay
+  # flushes to the broker) before the broker and Mailpit stop.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${pids[i]}" 2>/dev/null || true
+    wait "${pids[i]}" 2>/dev/null || true
   done
-  wait 2>/dev/null || true
   rm -f "$state/stopping"
 }
-trap cleanup INT TERM EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+trap 'cleanup; exit 129' HUP
+trap cleanup EXIT
 
-# supervise runs a service and restarts it whenever it exits, like a
+# Each service runs in a session of its own (setsid, where there is one),
+# so Ctrl-C reaches only this script, which stops them in that order.
+detach=
+if command -v setsid >/dev/null; then detach=setsid; fi
+
+# supervise runs a service and starts it again whenever it exits, like a
 # container with a restart policy: kill -9 any of them to watch the outbox
-# and the inbox recover.
+# and the inbox recover. $state/NAME.pid always names the running process
+# (setsid execs it in place), so that is the one a kill reaches. On TERM it
+# stops the service, waits for it, and returns.
 supervise() { # name, command...
-  local name=$1; shift
-  while [ ! -e "$state/stopping" ]; do
-    "$@" >>"$state/logs/$name.log" 2>&1 || true
-    [ -e "$state/stopping" ] && break
-    echo "$(date +%T) $name exited; restarting it (log $state/logs/$name.log)"
+  local name=$1
+  shift
+  local child='' stop='' status=0
+  trap '' INT
+  trap 'stop=1; [ -z "$child" ] || kill -TERM "$child" 2>/dev/null || true' TERM
+  while :; do
+    $detach "$@" >>"$state/logs/$name.log" 2>&1 &
+    child=$!
+    echo "$child" >"$state/$name.pid"
+    # A TERM that came before $child was set stopped the previous process.
+    [ -z "$stop" ] || kill -TERM "$child" 2>/dev/null || true
+    # wait returns early when the trap runs; the service is then still
+    # shutting down, so wait again until it is gone.
+    while kill -0 "$child" 2>/dev/null; do
+      status=0
+      wait "$child" 2>/dev/null || status=$?
+    done
+    [ -z "$stop" ] && [ ! -e "$state/stopping" ] || break
+    echo "$(date +%T) $name exited (status $status); restarting it (log $state/logs/$name.log)"
     sleep 1
+    [ -z "$stop" ] || break
   done
+  rm -f "$state/$name.pid"
 }
 
 start() { # name, command...
   supervise "$@" &
   pids+=($!)
-  echo "started $1 (log $state/logs/$1.log)"
+  echo "started $1 (log $state/logs/$1.log, pid file $state/$1.pid)"
 }
 
 wait_http() { # url, name
   for _ in $(seq 1 100); do curl -fsS -o /dev/null "$1" 2>/dev/null && return 0; sleep 0.2; done
-  echo "$2 did not come up; see $state/logs/$2.log" >&2; exit 1
+  echo "$2 did not come up; see $state/logs/$2.log" >&2
+  exit 1
 }
 
 wait_port() { # host:port, name
   for _ in $(seq 1 100); do (exec 3<>"/dev/tcp/${1%:*}/${1##*:}") 2>/dev/null && return 0; sleep 0.2; done
-  echo "$2 did not come up; see $state/logs/$2.log" >&2; exit 1
+  echo "$2 did not come up; see $state/logs/$2.log" >&2
+  exit 1
 }
 
 start devbroker env DEVBROKER_ADDR="$BROKER" DEVBROKER_DATA_DIR="$state/kafka" "$state/bin/devbroker"
 wait_port "$BROKER" devbroker
 
-start mailsink env MAILSINK_SMTP_ADDR="127.0.0.1:$SMTP_PORT" MAILSINK_HTTP_ADDR="127.0.0.1:$MAIL_UI_PORT" "$state/bin/mailsink"
-wait_port "127.0.0.1:$SMTP_PORT" mailsink
+start mailpit "$mailpit" --smtp "127.0.0.1:$SMTP_PORT" --listen "127.0.0.1:$MAIL_UI_PORT" \
+  --database "$state/mailpit.db" --disable-version-check
+wait_http "http://127.0.0.1:$MAIL_UI_PORT/readyz" mailpit
 
 DATABASE_URL="$PG/orders?sslmode=disable" "$state/bin/orders" migrate
 start orders env DATABASE_URL="$PG/orders?sslmode=disable" HTTP_ADDR="127.0.0.1:$ORDERS_PORT" "$state/bin/orders" serve
@@ -94,22 +147,24 @@ cat <<MSG
 The demo is running.
   Orders API     http://127.0.0.1:$ORDERS_PORT   (tokens: dev-alice, dev-bob, dev-ops, dev-ops2, dev-notifier)
   Notifier       http://127.0.0.1:$NOTIFIER_PORT/metrics
-  Emails         http://127.0.0.1:$MAIL_UI_PORT   (SMTP on 127.0.0.1:$SMTP_PORT)
+  Emails         http://127.0.0.1:$MAIL_UI_PORT/api/v1/messages   (Mailpit; SMTP on 127.0.0.1:$SMTP_PORT)
   Kafka          $BROKER, topic $ORDERS_TOPIC
   Logs           $state/logs/
+  Processes      $state/*.pid
 
 Place an order:
   curl -si -X POST http://127.0.0.1:$ORDERS_PORT/orders -H 'Authorization: Bearer dev-alice' \\
-    -H 'Content-Type: application/json' \\
+    -H 'Content-Type: application/json' -H "Idempotency-Key: \$(cat /proc/sys/kernel/random/uuid)" \\
     -d '{"email":"alice@example.com","currency":"EUR","items":[{"sku":"BOOK-1","quantity":2,"unit_price_cents":1250}]}'
 
 Watch the events (kcat; on Debian: apt-get install kcat):
   kcat -C -b $BROKER -t $ORDERS_TOPIC -f 'partition %p offset %o key %k\nheaders %h\n%s\n\n'
 
 Crash it: every service is restarted when it exits, so try
-  pkill -9 -f '$state/bin/orders serve'
+  kill -9 "\$(cat $state/orders.pid)"
 while orders are being created; no committed event is lost (check the outbox
-and the topic).
+and the topic). Rows the killed relay had claimed go out again once their
+lease expires (RELAY_LEASE, 30s by default).
 
 Press Ctrl-C to stop.
 MSG

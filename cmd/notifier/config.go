@@ -82,11 +82,26 @@ type RetentionConfig struct {
 
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/notifier?sslmode=disable"
 
+// defaultHTTPAddr is where `notifier serve` listens, and so where
+// `notifier healthcheck` probes, unless HTTP_ADDR says otherwise.
+const defaultHTTPAddr = ":8081"
+
+// loadMigrateConfig reads the one setting of `notifier migrate`.
+func loadMigrateConfig(getenv func(string) string) string {
+	return envconfig.New(getenv).String("DATABASE_URL", defaultDatabaseURL)
+}
+
+// loadHealthcheckConfig reads where `notifier healthcheck` finds the
+// server: HTTP_ADDR, with the same default as `notifier serve`.
+func loadHealthcheckConfig(getenv func(string) string) string {
+	return envconfig.New(getenv).String("HTTP_ADDR", defaultHTTPAddr)
+}
+
 func loadConfig(getenv func(string) string) (Config, error) {
 	r := envconfig.New(getenv)
 	c := Config{
 		DatabaseURL:     r.String("DATABASE_URL", defaultDatabaseURL),
-		HTTPAddr:        r.String("HTTP_ADDR", ":8081"),
+		HTTPAddr:        r.String("HTTP_ADDR", defaultHTTPAddr),
 		ShutdownTimeout: r.Duration("SHUTDOWN_TIMEOUT", 45*time.Second),
 		Kafka: KafkaConfig{
 			Conn: kafkaconf.Config{

@@ -19,6 +19,7 @@ import (
 	"syscall"
 
 	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/internal/healthcheck"
 	"github.com/outboxref/orders/internal/migrate"
 )
 
@@ -39,6 +40,7 @@ commands:
   serve                          consume order events, send emails, serve /healthz /readyz /metrics
   emails [STATE]                 list send-ledger rows in STATE (default unknown)
   resolve-email KEY RES ACTOR    resolve an unknown or failed email; RES is sent, resend or failed
+  healthcheck                    probe /readyz on HTTP_ADDR; exit 0 when ready
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -55,6 +57,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return runEmails(ctx, args[1:], getenv, stdout)
 	case "resolve-email":
 		return runResolveEmail(ctx, args[1:], getenv, stdout)
+	case "healthcheck":
+		return healthcheck.Run(ctx, loadHealthcheckConfig(getenv), "/readyz", stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -65,9 +69,5 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 }
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	url := getenv("DATABASE_URL")
-	if url == "" {
-		url = defaultDatabaseURL
-	}
-	return migrate.Command(ctx, args, url, migrations.Notifier(), stdout)
+	return migrate.Command(ctx, args, loadMigrateConfig(getenv), migrations.Notifier(), stdout)
 }

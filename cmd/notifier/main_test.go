@@ -187,7 +187,9 @@ func TestMigrate(t *testing.T) {
 // delivers exactly three emails to an SMTP server (placed, paid, cancelled;
 // the refund request sends none). Re-producing every record sends nothing
 // new and raises inbox_duplicates_total by the number of records. A
-// cancelled context shuts it down cleanly.
+// cancelled context shuts it down cleanly. `notifier healthcheck`, the
+// container's probe, fails before the server listens and passes once it is
+// ready.
 func TestServe(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.Scratch(t, "notifier_cmd")
@@ -213,6 +215,9 @@ func TestServe(t *testing.T) {
 		"ORDERS_API_TOKEN":      "svc-secret",
 	})
 	require.NoError(t, run(context.Background(), []string{"migrate"}, env, io.Discard))
+	// The container health check runs `notifier healthcheck` beside the
+	// server: it fails while nothing serves HTTP_ADDR.
+	require.Error(t, run(context.Background(), []string{"healthcheck"}, env, io.Discard))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -222,6 +227,7 @@ func TestServe(t *testing.T) {
 	base := "http://" + httpAddr
 	require.Eventually(t, func() bool { return get(base+"/readyz") == http.StatusOK }, 20*time.Second, 50*time.Millisecond)
 	require.Equal(t, http.StatusOK, get(base+"/healthz"))
+	require.NoError(t, run(context.Background(), []string{"healthcheck"}, env, io.Discard))
 
 	prod, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.DefaultProduceTopic("orders.events"))
 	require.NoError(t, err)

@@ -77,6 +77,21 @@ type RelayConfig struct {
 // defaultDatabaseURL suits the local demo; `migrate` and `serve` share it.
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/orders?sslmode=disable"
 
+// defaultHTTPAddr is where `orders serve` listens, and so where
+// `orders healthcheck` probes, unless HTTP_ADDR says otherwise.
+const defaultHTTPAddr = ":8080"
+
+// loadMigrateConfig reads the one setting of `orders migrate`.
+func loadMigrateConfig(getenv func(string) string) string {
+	return envconfig.New(getenv).String("DATABASE_URL", defaultDatabaseURL)
+}
+
+// loadHealthcheckConfig reads where `orders healthcheck` finds the
+// server: HTTP_ADDR, with the same default as `orders serve`.
+func loadHealthcheckConfig(getenv func(string) string) string {
+	return envconfig.New(getenv).String("HTTP_ADDR", defaultHTTPAddr)
+}
+
 const defaultDevTokens = "" // no default: tokens are secrets and must be configured
 
 // loadConfig reads the configuration of `orders serve`.
@@ -90,7 +105,7 @@ func load(getenv func(string) string, api bool) (Config, error) {
 	r := envconfig.New(getenv)
 	c := Config{
 		DatabaseURL:     r.String("DATABASE_URL", defaultDatabaseURL),
-		HTTPAddr:        r.String("HTTP_ADDR", ":8080"),
+		HTTPAddr:        r.String("HTTP_ADDR", defaultHTTPAddr),
 		ShutdownTimeout: r.Duration("SHUTDOWN_TIMEOUT", 20*time.Second),
 		Kafka: KafkaConfig{
 			Brokers:         r.List("KAFKA_BROKERS", "127.0.0.1:9092"),

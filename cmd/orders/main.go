@@ -4,8 +4,9 @@
 //
 //	orders migrate [status]  create the database if needed and apply the
 //	                         outbox and orders migration lines, or list them
-//	orders serve     run the API (and the relay unless RELAY_ENABLED=false)
-//	orders relay     run the relay alone, to scale it apart from the API
+//	orders serve             run the API (and the relay unless RELAY_ENABLED=false)
+//	orders relay             run the relay alone, to scale it apart from the API
+//	orders healthcheck       exit 0 if `orders serve` here answers /readyz (for images without curl)
 package main
 
 import (
@@ -17,6 +18,7 @@ import (
 	"syscall"
 
 	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/internal/healthcheck"
 	"github.com/outboxref/orders/internal/migrate"
 )
 
@@ -32,12 +34,12 @@ func main() {
 const usage = `usage: orders <command>
 
 commands:
-  migrate   create the database if needed and apply migrations (idempotent)
-  migrate status
-            list each migration line's files and whether they are applied
-  serve     run the HTTP API and, unless RELAY_ENABLED=false, the outbox relay
-  relay     run only the outbox relay
-  help      show this text
+  migrate         create the database if needed and apply migrations (idempotent)
+  migrate status  list each migration line's files and whether they are applied
+  serve           run the HTTP API and, unless RELAY_ENABLED=false, the outbox relay
+  relay           run only the outbox relay
+  healthcheck     probe /readyz of the API on HTTP_ADDR; exit 0 when ready
+  help            show this text
 `
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -56,6 +58,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return runServe(ctx, getenv, stdout)
 	case "relay":
 		return runRelayOnly(ctx, getenv, stdout)
+	case "healthcheck":
+		return healthcheck.Run(ctx, loadHealthcheckConfig(getenv), "/readyz", stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return nil
@@ -66,9 +70,5 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 }
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	url := getenv("DATABASE_URL")
-	if url == "" {
-		url = defaultDatabaseURL
-	}
-	return migrate.Command(ctx, args, url, migrations.Orders(), stdout)
+	return migrate.Command(ctx, args, loadMigrateConfig(getenv), migrations.Orders(), stdout)
 }

@@ -20,7 +20,9 @@ import (
 
 // TestServeWithoutRelay: with RELAY_ENABLED=false the API stays up, and its
 // /metrics still reports the outbox backlog from the table (O1), so an
-// operator sees the age grow when the separate relays stop.
+// operator sees the age grow when the separate relays stop. `orders
+// healthcheck`, the container's probe, fails before the server listens and
+// passes once it is ready.
 func TestServeWithoutRelay(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, migrations.Orders()...)
@@ -36,9 +38,13 @@ func TestServeWithoutRelay(t *testing.T) {
 		"RELAY_ENABLED": "false",
 		"KAFKA_BROKERS": "127.0.0.1:1", // never contacted
 	}
+	getenv := func(k string) string { return env[k] }
+	// The container health check runs `orders healthcheck` beside the
+	// server: it must fail while nothing serves HTTP_ADDR.
+	require.Error(t, run(context.Background(), []string{"healthcheck"}, getenv, io.Discard))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve"}, func(k string) string { return env[k] }, io.Discard) }()
+	go func() { done <- run(ctx, []string{"serve"}, getenv, io.Discard) }()
 
 	var metrics string
 	require.Eventually(t, func() bool {
@@ -52,6 +58,7 @@ func TestServeWithoutRelay(t *testing.T) {
 		return res.StatusCode == http.StatusOK
 	}, 20*time.Second, 50*time.Millisecond)
 	require.Contains(t, metrics, `outbox_oldest_pending_age_seconds{event_type="order.placed"}`)
+	require.NoError(t, run(context.Background(), []string{"healthcheck"}, getenv, io.Discard))
 	require.True(t, strings.Contains(metrics, "outbox_pending_events"))
 
 	// Still serving a moment later: a disabled relay is not a stopped one.
