@@ -69,6 +69,10 @@ type EmailConfig struct {
 	BackoffBase    time.Duration        // EMAIL_BACKOFF_BASE
 	BackoffCap     time.Duration        // EMAIL_BACKOFF_CAP
 	PollInterval   time.Duration        // EMAIL_POLL_INTERVAL
+	// MaxAge skips the email of an event older than this when it could
+	// first be sent, so a new consumer group on a long topic does not
+	// email its whole history (C4a).
+	MaxAge time.Duration // EMAIL_MAX_AGE
 }
 
 // RetentionConfig is the processed_event retention and its constraints (C5).
@@ -78,6 +82,7 @@ type RetentionConfig struct {
 	BackupRetention        time.Duration // BACKUP_RETENTION: age of the oldest restorable backup
 	CleanupInterval        time.Duration // CLEANUP_INTERVAL
 	CleanupBatch           int           // CLEANUP_BATCH
+	CleanupPause           time.Duration // CLEANUP_PAUSE: between two batches
 }
 
 const defaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/notifier?sslmode=disable"
@@ -137,6 +142,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			BackoffBase:    r.Duration("EMAIL_BACKOFF_BASE", time.Second),
 			BackoffCap:     r.Duration("EMAIL_BACKOFF_CAP", 10*time.Minute),
 			PollInterval:   r.Duration("EMAIL_POLL_INTERVAL", time.Second),
+			MaxAge:         r.Duration("EMAIL_MAX_AGE", 24*time.Hour),
 		},
 		OrdersAPIURL:     r.String("ORDERS_API_URL", "http://127.0.0.1:8080"),
 		OrdersAPIToken:   r.String("ORDERS_API_TOKEN", ""),
@@ -148,6 +154,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			BackupRetention:        r.Duration("BACKUP_RETENTION", 14*24*time.Hour),
 			CleanupInterval:        r.Duration("CLEANUP_INTERVAL", time.Hour),
 			CleanupBatch:           r.Int("CLEANUP_BATCH", 1000, 1, 100_000),
+			CleanupPause:           r.Duration("CLEANUP_PAUSE", 100*time.Millisecond),
 		},
 	}
 
@@ -185,7 +192,11 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		r.Fail("SHUTDOWN_TIMEOUT (%s) must exceed SMTP_TIMEOUT (%s) so the email in flight can finish", c.ShutdownTimeout, c.Email.SendTimeout)
 	}
 	if err := inbox.CheckRetention(c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention); err != nil {
-		r.Fail("%v", err)
+		r.Fail("PROCESSED_EVENT_TTL=%s is shorter than BROKER_REDELIVERY_WINDOW (%s) + BACKUP_RETENTION (%s): %v",
+			c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention, err)
+	}
+	if c.Email.MaxAge <= 0 {
+		r.Fail("EMAIL_MAX_AGE=%s must be positive", c.Email.MaxAge)
 	}
 	if err := r.Err(); err != nil {
 		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
@@ -266,10 +277,10 @@ func (c Config) print(w io.Writer) {
 		c.Kafka.Conn, c.Kafka.Topic, c.Kafka.Group, c.Kafka.InstanceID, c.Kafka.SessionTimeout, c.Kafka.StartOffset, c.Kafka.BatchMax)
 	fmt.Fprintf(w, "config: SMTP_ADDR=%s SMTP_TLS=%s SMTP_TLS_CA_FILE=%s SMTP_TLS_SERVER_NAME=%s SMTP_USERNAME=%s SMTP_PASSWORD=%s\n",
 		c.Email.SMTPAddr, c.Email.TLS, c.Email.TLSCAFile, c.Email.TLSServerName, c.Email.Username, envconfig.Mask(c.Email.Password))
-	fmt.Fprintf(w, "config: SMTP_FROM=%s SMTP_HELO_NAME=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s EMAIL_POLL_INTERVAL=%s\n",
-		c.Email.From, c.Email.HeloName, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap, c.Email.PollInterval)
+	fmt.Fprintf(w, "config: SMTP_FROM=%s SMTP_HELO_NAME=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s EMAIL_POLL_INTERVAL=%s EMAIL_MAX_AGE=%s\n",
+		c.Email.From, c.Email.HeloName, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap, c.Email.PollInterval, c.Email.MaxAge)
 	fmt.Fprintf(w, "config: ORDERS_API_URL=%s ORDERS_API_TOKEN=%s ORDERS_API_TIMEOUT=%s GAP_WINDOW=%s\n",
 		envconfig.MaskURL(c.OrdersAPIURL), envconfig.Mask(c.OrdersAPIToken), c.OrdersAPITimeout, c.GapWindow)
-	fmt.Fprintf(w, "config: PROCESSED_EVENT_TTL=%s BROKER_REDELIVERY_WINDOW=%s BACKUP_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d\n",
-		c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention, c.Retention.CleanupInterval, c.Retention.CleanupBatch)
+	fmt.Fprintf(w, "config: PROCESSED_EVENT_TTL=%s BROKER_REDELIVERY_WINDOW=%s BACKUP_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d CLEANUP_PAUSE=%s\n",
+		c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention, c.Retention.CleanupInterval, c.Retention.CleanupBatch, c.Retention.CleanupPause)
 }

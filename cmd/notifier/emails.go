@@ -41,14 +41,18 @@ func runEmails(ctx context.Context, args []string, getenv func(string) string, s
 		return fmt.Errorf("list emails: %w", err)
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "OPERATION_KEY\tEVENT_TYPE\tORDER_ID\tSTATE\tATTEMPTS\tCREATED_AT\tLAST_ERROR")
+	fmt.Fprintln(tw, "OPERATION_KEY\tEVENT_ID\tEVENT_TYPE\tORDER_ID\tSTATE\tATTEMPTS\tCREATED_AT\tREASON")
 	for _, r := range rows {
-		lastErr := ""
-		if r.LastError != nil {
-			lastErr = *r.LastError
+		// Why the row is in this state: the skip reason, else the last error.
+		reason := ""
+		switch {
+		case r.SkipReason != nil:
+			reason = *r.SkipReason
+		case r.LastError != nil:
+			reason = *r.LastError
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.OperationKey, r.EventType, r.OrderID, r.State, r.Attempts,
-			r.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), lastErr)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.OperationKey, r.EventID, r.EventType, r.OrderID, r.State, r.Attempts,
+			r.CreatedAt.UTC().Format("2006-01-02T15:04:05Z"), reason)
 	}
 	return tw.Flush()
 }

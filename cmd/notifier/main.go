@@ -38,7 +38,7 @@ commands:
   migrate                        create the database if needed and apply migrations (idempotent)
   migrate status                 list each migration line's files and whether they are applied
   serve                          consume order events, send emails, serve /healthz /readyz /metrics
-  emails [STATE]                 list send-ledger rows in STATE (default unknown)
+  emails [STATE]                 list send-ledger rows in STATE (default unknown; also skipped, failed, ...)
   resolve-email KEY RES ACTOR    resolve an unknown or failed email; RES is sent, resend or failed
   healthcheck                    probe /readyz on HTTP_ADDR; exit 0 when ready
 `

@@ -176,10 +176,15 @@ func TestMigrate(t *testing.T) {
 	env := envFrom(map[string]string{"DATABASE_URL": url})
 	var out bytes.Buffer
 	require.NoError(t, run(context.Background(), []string{"migrate"}, env, &out))
-	require.Contains(t, out.String(), "migrate: 2 applied")
+	require.Contains(t, out.String(), "migrate: applied inbox/00001_inbox.sql")
+	require.Contains(t, out.String(), "migrate: applied notifier/00001_notify.sql")
 	out.Reset()
 	require.NoError(t, run(context.Background(), []string{"migrate"}, env, &out))
 	require.Contains(t, out.String(), "migrate: 0 applied", "second run applies nothing")
+	out.Reset()
+	require.NoError(t, run(context.Background(), []string{"migrate", "status"}, env, &out))
+	require.Regexp(t, `inbox\s+1\s+00001_inbox.sql\s+applied`, out.String())
+	require.Regexp(t, `notifier\s+1\s+00001_notify.sql\s+applied`, out.String())
 }
 
 // TestServe runs the binary's serve command end to end: it migrates its

@@ -69,7 +69,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		},
 		Sender: notify.SenderConfig{
 			From: cfg.Email.From, Owner: fmt.Sprintf("%s/%d", host, os.Getpid()), Policy: cfg.Email.UnknownPolicy,
-			BatchSize: 10, PollInterval: cfg.Email.PollInterval, SendingTimeout: cfg.Email.SendingTimeout,
+			PollInterval: cfg.Email.PollInterval, SendingTimeout: cfg.Email.SendingTimeout, MaxAge: cfg.Email.MaxAge,
 			MaxAttempts: cfg.Email.MaxAttempts, BackoffBase: cfg.Email.BackoffBase, BackoffCap: cfg.Email.BackoffCap,
 		},
 		Mailer:            mailer,
@@ -79,6 +79,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		ProcessedEventTTL: cfg.Retention.ProcessedEventTTL,
 		CleanupInterval:   cfg.Retention.CleanupInterval,
 		CleanupBatch:      cfg.Retention.CleanupBatch,
+		CleanupPause:      cfg.Retention.CleanupPause,
 		StatsInterval:     5 * time.Second,
 		Registerer:        reg,
 		Logger:            log,
@@ -89,7 +90,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 
 	srv := &http.Server{
 		Addr:              cfg.HTTPAddr,
-		Handler:           newHandler(pool, reg, schema),
+		Handler:           newHandler(pool, reg, schema, svc.Consumer.Health),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      15 * time.Second,
@@ -155,7 +156,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 // Readiness reflects the database only: a broker outage stops consumption
 // but is visible in the lag metric, and taking the notifier out of service
 // would not help.
-func newHandler(pool *pgxpool.Pool, reg *prometheus.Registry, schema *migrate.SchemaCheck) http.Handler {
+func newHandler(pool *pgxpool.Pool, reg *prometheus.Registry, schema *migrate.SchemaCheck, consumer func() notify.Health) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -163,17 +164,26 @@ func newHandler(pool *pgxpool.Pool, reg *prometheus.Registry, schema *migrate.Sc
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
+		// The consumer's own view is information, never a condition: a
+		// degraded consumer is waiting for the database, which the status
+		// reports anyway, and a stalled partition needs an operator, not a
+		// restart.
+		body := map[string]any{"status": "ok", "database": "ok", "consumer": "ok",
+			"kafka": "not part of readiness; see notifier_consumer_lag"}
+		h := consumer()
+		if h.Degraded != "" {
+			body["consumer"] = "degraded " + h.Degraded
+		}
+		if len(h.Stalled) > 0 {
+			body["stalled_partitions"] = h.Stalled
+		}
+		status := http.StatusOK
 		if err := pool.Ping(ctx); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "database": "unreachable"})
-			return
+			status, body["status"], body["database"] = http.StatusServiceUnavailable, "unavailable", "unreachable"
+		} else if err := schema.Check(ctx); err != nil {
+			status, body["status"], body["schema"] = http.StatusServiceUnavailable, "unavailable", err.Error()+"; run `notifier migrate`"
 		}
-		if err := schema.Check(ctx); err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "database": "ok",
-				"schema": err.Error() + "; run `notifier migrate`"})
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "database": "ok",
-			"kafka": "not part of readiness; see notifier_consumer_lag"})
+		writeJSON(w, status, body)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	return mux

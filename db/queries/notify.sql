@@ -22,14 +22,25 @@ SET email                  = EXCLUDED.email,
 WHERE order_projection.version < EXCLUDED.version;
 
 -- name: EmailSendInsert :one
--- The email intent, written in the event's transaction. A second insert for
--- the same operation key returns no row and the caller reads the first.
+-- The email intent, written in the event's transaction, pending or, with a
+-- skip_reason, skipped. A second insert for the same operation key returns
+-- no row and the caller reads the first: one row per event, ever.
 INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
-                        recipient, subject, body)
+                        aggregate_version, event_time, recipient, subject, body, state, skip_reason)
 VALUES (@operation_key, @event_id, @message_id, @order_id, @event_type,
-        @recipient, @subject, @body)
+        @aggregate_version, @event_time, @recipient, @subject, @body,
+        CASE WHEN sqlc.narg('skip_reason')::text IS NULL THEN 'pending' ELSE 'skipped' END,
+        sqlc.narg('skip_reason'))
 ON CONFLICT (operation_key) DO NOTHING
 RETURNING *;
+
+-- name: EmailSendLaterExists :one
+-- Whether the order already has an email for a later version: an email
+-- written now arrives after it and says so.
+SELECT EXISTS (
+    SELECT 1 FROM email_send
+    WHERE order_id = @order_id AND aggregate_version > @aggregate_version
+)::boolean;
 
 -- name: EmailSendGet :one
 SELECT * FROM email_send WHERE operation_key = @operation_key;
@@ -40,20 +51,34 @@ SELECT * FROM email_send WHERE order_id = @order_id ORDER BY created_at, operati
 -- name: EmailSendListByState :many
 SELECT * FROM email_send WHERE state = @state ORDER BY created_at, operation_key LIMIT @row_limit;
 
--- name: EmailSendClaim :many
--- Claims due rows in a short transaction of its own; the send happens after
--- commit. SKIP LOCKED lets several senders share the ledger. Unknown rows
--- are claimed only under the resend policy.
+-- name: EmailSendSkipStale :many
+-- Emails that could not be sent before their event grew older than the
+-- maximum age are skipped, never sent: a consumer group starting at the
+-- beginning of a long topic must not email its whole history. Only rows
+-- never attempted: an email that was tried in time and is being retried
+-- is not stale.
+UPDATE email_send
+SET state = 'skipped', skip_reason = 'stale'
+WHERE state = 'pending' AND attempts = 0
+  AND event_time < clock_timestamp() - make_interval(secs => @max_age_seconds::float8)
+RETURNING operation_key, event_id, order_id, event_type, event_time;
+
+-- name: EmailSendClaimOne :one
+-- Claims the next due row in a short transaction of its own; the send
+-- happens after commit. One row per claim, so that only an email whose send
+-- has really begun is ever 'sending': a sender that dies leaves at most one
+-- row for the stuck-send sweep. SKIP LOCKED lets several senders share the
+-- ledger. Unknown rows are claimed only under the resend policy.
 UPDATE email_send
 SET state = 'sending', claim_token = @claim_token::uuid, claimed_by = @claimed_by::text,
     sending_since = clock_timestamp(), attempts = attempts + 1
-WHERE operation_key IN (
+WHERE operation_key = (
     SELECT e.operation_key FROM email_send e
     WHERE e.next_attempt_at <= clock_timestamp()
       AND (e.state = 'pending'
            OR (e.state = 'unknown' AND @resend_unknown::boolean AND e.attempts < @max_attempts::integer))
     ORDER BY e.next_attempt_at, e.operation_key
-    LIMIT @batch_size
+    LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
 RETURNING *;
@@ -89,8 +114,8 @@ SET state = 'failed', last_error_class = @error_class::text, last_error = left(@
 WHERE operation_key = @operation_key AND claim_token = @claim_token::uuid AND state = 'sending';
 
 -- name: EmailSendRelease :execrows
--- Gives back claimed rows that a stopping sender did not start sending, so
--- they are not mistaken for crashed sends.
+-- Gives back a claimed row that a stopping sender did not start sending, so
+-- it is not mistaken for a crashed send.
 UPDATE email_send
 SET state = 'pending', attempts = attempts - 1, claim_token = NULL, claimed_by = NULL, sending_since = NULL
 WHERE operation_key = @operation_key AND claim_token = @claim_token::uuid AND state = 'sending';
@@ -98,15 +123,16 @@ WHERE operation_key = @operation_key AND claim_token = @claim_token::uuid AND st
 -- name: EmailSendSweepStuck :many
 -- A row still 'sending' long after any send could have finished belongs to
 -- a sender that died mid-send. Whether the email left is unknown, so it is
--- never put back to pending.
+-- never put back to pending: it becomes 'unknown', or 'failed' when the
+-- resend policy has used up its attempts.
 UPDATE email_send
-SET state = 'unknown',
+SET state = CASE WHEN @resend_unknown::boolean AND attempts >= @max_attempts::integer THEN 'failed' ELSE 'unknown' END,
     next_attempt_at = clock_timestamp(),
     last_error_class = 'sending_timeout',
     last_error = 'still sending after ' || @timeout_seconds::float8 || 's: sender presumed dead'
 WHERE state = 'sending'
   AND sending_since < clock_timestamp() - make_interval(secs => @timeout_seconds::float8)
-RETURNING operation_key, event_id;
+RETURNING operation_key, event_id, state;
 
 -- name: EmailSendResolve :execrows
 -- Operator resolution of an unknown or failed row, recorded with the actor.
@@ -120,13 +146,21 @@ WHERE operation_key = @operation_key AND state IN ('unknown', 'failed');
 -- name: EmailSendCountByState :many
 SELECT state, count(*) AS n FROM email_send GROUP BY state;
 
+-- name: EmailLedgerCleanupLock :one
+-- One ledger cleaner at a time, for the whole run (O6).
+SELECT pg_try_advisory_lock(@lock_key::bigint);
+
+-- name: EmailLedgerCleanupUnlock :one
+SELECT pg_advisory_unlock(@lock_key::bigint);
+
 -- name: EmailSendCleanup :execrows
--- Deletes one batch of sent emails older than the retention. Unknown and
--- failed rows are kept until an operator resolves them.
+-- Deletes one batch of finished emails (sent or skipped) older than the
+-- retention. Unknown and failed rows are kept until an operator resolves
+-- them.
 DELETE FROM email_send
 WHERE operation_key IN (
     SELECT e.operation_key FROM email_send e
-    WHERE e.state = 'sent'
+    WHERE e.state IN ('sent', 'skipped')
       AND e.created_at < clock_timestamp() - make_interval(secs => @ttl_seconds::float8)
     ORDER BY e.created_at, e.operation_key
     LIMIT @batch_size

@@ -6,21 +6,34 @@
 // It closes the redelivery window of at-least-once delivery. A broker
 // delivers an event again whenever the consumer crashed after its local
 // commit but before its offset commit, and a producer may publish the same
-// event twice (R3). Because the processed_event marker commits or rolls back
-// together with the business change (C2, V4), a copy that arrives later
-// finds the marker and changes nothing. Marking in a separate transaction
-// would lose the event when the business change fails; acting first and
-// marking afterwards would apply it twice after a crash in between.
+// event twice. Because the processed_event marker commits or rolls back
+// together with the business change, a copy that arrives later finds the
+// marker and changes nothing. Marking in a separate transaction would lose
+// the event when the business change fails; acting first and marking
+// afterwards would apply it twice after a crash in between.
 //
-// Ordering is per aggregate (C3): the inbox tracks the last applied version
-// of each aggregate, applies the next one, treats older ones as duplicates
-// and holds later ones durably until the missing versions arrive. A gap
-// that outlives its window is resolved from the source of truth (Resync).
-// A different event claiming an already-owned version is a conflict: it is
-// recorded for an operator, counted, and never applied.
+// Ordering is per aggregate: the inbox tracks the last applied version of
+// each aggregate, applies the next one, treats older ones as duplicates and
+// holds later ones durably until the missing versions arrive. A gap that
+// outlives its window is resolved from the source of truth (ResyncDue):
+// state continues from the snapshot's version, and events the snapshot
+// covers, held or arriving later, are handed to Covered rather than
+// applied, so effects that belong to the event itself (a notification) are
+// not lost. A different event claiming an already-owned version is a
+// conflict: recorded for an operator, counted, never applied.
 //
-// The package knows nothing about the business domain: callers pass the
-// business change as an ApplyFunc.
+// The package knows nothing about the business domain: the service passes
+// its business change and effects as functions in Config. Its public API:
+//
+//   - New, Config, Inbox: Handle (one event, own transaction), Process (in
+//     the caller's transaction, for batches), Observe, ResyncDue, Cleanup,
+//     RefreshStats, Metrics;
+//   - Event, Result, Outcome (Applied, Duplicate, Held, Conflict, Covered),
+//     ApplyFunc, RejectFunc, Snapshot, FetchFunc, SnapshotFunc;
+//   - DecodeRecord (the CloudEvents record written by the outbox relay),
+//     ParkRecord and ParkedHeader (poison records, stored losslessly);
+//   - IsTransient, CheckRetention, Migrations and MigrationLine;
+//   - errors ErrInvalidEvent, ErrNotFound, ErrRetentionTooShort.
 package inbox
 
 import (
@@ -28,7 +41,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -39,8 +55,8 @@ import (
 )
 
 // ErrInvalidEvent is returned for an event that lacks an identity, an
-// aggregate or a positive version. It can never be processed, so callers
-// park it rather than retry.
+// aggregate or a positive version, or whose text could not be stored. It
+// can never be processed, so callers park it rather than retry.
 var ErrInvalidEvent = errors.New("inbox: invalid event")
 
 // Event is one integration event as the inbox sees it.
@@ -50,7 +66,7 @@ type Event struct {
 	AggregateType    string
 	AggregateID      string
 	AggregateVersion int64
-	// Type is the event type, for example "order.placed".
+	// Type is the event type, for example "invoice.issued".
 	Type          string
 	SchemaVersion int
 	// Time is when the producer committed the event.
@@ -58,6 +74,9 @@ type Event struct {
 	// Payload is the event body, opaque to the inbox. Held events keep it
 	// so they can be applied later, after a restart.
 	Payload []byte
+	// Traceparent is the W3C trace context the event was written under, if
+	// any; it is not stored with held events.
+	Traceparent string
 }
 
 // LogAttrs returns the event's identifiers for structured logs (never the
@@ -76,14 +95,20 @@ func (e Event) validate() error {
 	switch {
 	case e.ID == uuid.Nil:
 		return fmt.Errorf("%w: missing event id", ErrInvalidEvent)
-	case e.AggregateType == "" || e.AggregateID == "":
-		return fmt.Errorf("%w: missing aggregate", ErrInvalidEvent)
+	case !storable(e.AggregateType) || !storable(e.AggregateID):
+		return fmt.Errorf("%w: missing or unstorable aggregate", ErrInvalidEvent)
 	case e.AggregateVersion < 1:
 		return fmt.Errorf("%w: aggregate version %d is not positive", ErrInvalidEvent, e.AggregateVersion)
-	case e.Type == "":
-		return fmt.Errorf("%w: missing event type", ErrInvalidEvent)
+	case !storable(e.Type):
+		return fmt.Errorf("%w: missing or unstorable event type", ErrInvalidEvent)
 	}
 	return nil
+}
+
+// storable reports whether s is non-empty text a PostgreSQL text column and
+// a log line take as it is: valid UTF-8, no NUL or other control character.
+func storable(s string) bool {
+	return s != "" && utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0
 }
 
 // Outcome is what the inbox did with an event.
@@ -94,8 +119,7 @@ const (
 	// Applied means the event was the next version and its business change
 	// ran in the caller's transaction.
 	Applied Outcome = "applied"
-	// Duplicate means the event (or its version) was already accounted for;
-	// nothing changed.
+	// Duplicate means the event was already accounted for; nothing changed.
 	Duplicate Outcome = "duplicate"
 	// Held means an earlier version is missing; the event is stored until
 	// the gap is filled or resynchronised.
@@ -103,6 +127,9 @@ const (
 	// Conflict means another event already owns this aggregate version; the
 	// event is recorded and never applied.
 	Conflict Outcome = "conflict"
+	// Covered means a resync snapshot had already placed the event's
+	// version: its state change did not run, Covered did.
+	Covered Outcome = "covered"
 )
 
 // Result reports what Process did.
@@ -112,6 +139,10 @@ type Result struct {
 	// ran in the transaction: the event itself when it was the next version,
 	// then any held successors it unblocked.
 	Applied []Event
+	// Parked lists held successors that failed when their turn came and
+	// were parked on their own (with the reason), instead of failing the
+	// event that released them.
+	Parked []Event
 	// ExistingEventID is, for a conflict, the event that owns the version.
 	ExistingEventID uuid.UUID
 	// LastVersion is the aggregate's applied version after processing.
@@ -120,18 +151,49 @@ type Result struct {
 	event Event
 }
 
-// ApplyFunc performs the business change for one event inside tx. An error
-// rolls back the whole transaction, the inbox marker included.
+// ApplyFunc performs a change for one event inside tx. An error rolls back
+// the whole transaction, the inbox marker included.
 type ApplyFunc func(ctx context.Context, tx pgx.Tx, e Event) error
+
+// RejectFunc records, inside tx, that an event will never be applied and
+// why ("conflict", "not_found"), so that effects owed to it can be
+// accounted for (for example, a notification recorded as skipped).
+type RejectFunc func(ctx context.Context, tx pgx.Tx, e Event, reason string) error
+
+// Reasons passed to RejectFunc.
+const (
+	RejectConflict = "conflict"  // another event owns the version
+	RejectNotFound = "not_found" // the source of truth does not know the aggregate
+)
 
 // Config configures an Inbox.
 type Config struct {
+	// Pool is the consumer's database, holding the inbox tables.
+	Pool *pgxpool.Pool
+	// Apply is the business change of an event whose turn has come.
+	Apply ApplyFunc
+	// Covered, if set, runs for an event whose version a resync snapshot
+	// already placed (a held event the snapshot covered, or a late event
+	// arriving after it). State must not change, since the snapshot holds
+	// it; effects that belong to the event itself may run. Nil means such
+	// events are only recorded.
+	Covered ApplyFunc
+	// Rejected, if set, runs for an event that will never be applied.
+	Rejected RejectFunc
+
+	// Fetch and ApplySnapshot resolve a gap that outlived GapWindow from
+	// the source of truth (ResyncDue). Nil Fetch means gaps are held until
+	// the missing versions arrive.
+	Fetch         FetchFunc
+	ApplySnapshot SnapshotFunc
 	// GapWindow is how long an aggregate may wait for a missing version
-	// before it is resynchronised from the source of truth.
+	// before it is resynchronised.
 	GapWindow time.Duration
 	// ResyncRetry is the wait before another resync attempt after one
 	// failed or returned a snapshot that was not ahead of local state.
+	// GapWindow when zero.
 	ResyncRetry time.Duration
+
 	// Registerer receives the inbox metrics; nil means a private registry.
 	Registerer prometheus.Registerer
 	// Logger receives conflict, gap and resync logs; nil means slog.Default.
@@ -141,16 +203,22 @@ type Config struct {
 // Inbox processes events for one consumer. It is safe for concurrent use:
 // all coordination happens in the database.
 type Inbox struct {
-	gapWindow   time.Duration
-	resyncRetry time.Duration
-	metrics     *Metrics
-	log         *slog.Logger
+	cfg     Config
+	metrics *Metrics
+	log     *slog.Logger
 }
 
-// New returns an Inbox and registers its metrics.
+// New checks cfg and registers the inbox's metrics.
 func New(cfg Config) (*Inbox, error) {
-	if cfg.GapWindow <= 0 {
-		return nil, errors.New("inbox: gap window must be positive")
+	switch {
+	case cfg.Pool == nil:
+		return nil, errors.New("inbox: Pool is required")
+	case cfg.Apply == nil:
+		return nil, errors.New("inbox: Apply is required")
+	case cfg.GapWindow <= 0:
+		return nil, errors.New("inbox: GapWindow must be positive")
+	case cfg.Fetch != nil && cfg.ApplySnapshot == nil:
+		return nil, errors.New("inbox: Fetch needs ApplySnapshot")
 	}
 	if cfg.ResyncRetry <= 0 {
 		cfg.ResyncRetry = cfg.GapWindow
@@ -165,19 +233,19 @@ func New(cfg Config) (*Inbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Inbox{gapWindow: cfg.GapWindow, resyncRetry: cfg.ResyncRetry, metrics: m, log: cfg.Logger}, nil
+	return &Inbox{cfg: cfg, metrics: m, log: cfg.Logger}, nil
 }
 
 // Metrics returns the inbox's metric collectors, for example to
 // pre-initialise label values for known event types.
 func (ib *Inbox) Metrics() *Metrics { return ib.metrics }
 
-// Handle processes e in a transaction of its own on pool and, once that
-// transaction has committed, counts the result in the metrics. It is the
-// usual entry point; use Process to join a transaction you already hold.
-func (ib *Inbox) Handle(ctx context.Context, pool *pgxpool.Pool, e Event, apply ApplyFunc) (res Result, err error) {
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err = ib.Process(ctx, tx, e, apply)
+// Handle processes e in a transaction of its own and, once that transaction
+// has committed, counts the result in the metrics. It is the usual entry
+// point; use Process to join a transaction you already hold.
+func (ib *Inbox) Handle(ctx context.Context, e Event) (res Result, err error) {
+	err = pgx.BeginFunc(ctx, ib.cfg.Pool, func(tx pgx.Tx) error {
+		res, err = ib.Process(ctx, tx, e)
 		return err
 	})
 	if err != nil {
@@ -188,9 +256,9 @@ func (ib *Inbox) Handle(ctx context.Context, pool *pgxpool.Pool, e Event, apply 
 }
 
 // Process records e in the caller's transaction tx and applies it, and any
-// held successors, through apply when its turn has come. Nothing it writes
-// survives a rollback of tx, so a failure anywhere in the business change
-// leaves the event unprocessed and a redelivery processes it normally.
+// held successors, when its turn has come. Nothing it writes survives a
+// rollback of tx, so a failure anywhere in the business change leaves the
+// event unprocessed and a redelivery processes it normally.
 //
 // Process may be called for several events in one transaction (a consumer
 // applying a batch of records): it keeps no state between calls and reads
@@ -200,7 +268,7 @@ func (ib *Inbox) Handle(ctx context.Context, pool *pgxpool.Pool, e Event, apply 
 //
 // Call Observe with the result after tx commits: counting before the commit
 // would count work that may still roll back.
-func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event, apply ApplyFunc) (Result, error) {
+func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event) (Result, error) {
 	if err := e.validate(); err != nil {
 		return Result{}, err
 	}
@@ -223,22 +291,41 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event, apply ApplyFun
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return Result{}, fmt.Errorf("look up version owner: %w", err)
 		}
-		if err == nil && owner != e.ID {
-			return ib.conflict(ctx, q, e, owner, res)
+		if err == nil {
+			if owner != e.ID {
+				return ib.conflict(ctx, tx, q, e, owner, res)
+			}
+			res.Outcome = Duplicate
+			return res, nil
 		}
-		// Same event again, or a version a snapshot covered (or whose
-		// marker has expired): at or below the applied version either way.
-		res.Outcome = Duplicate
+		// Nobody owns the version although state is past it: a resync
+		// snapshot placed it before this event arrived. (A marker deleted
+		// by the TTL cleanup looks the same; the retention check keeps that
+		// from happening within the redelivery window.)
+		fresh, err := insertMarker(ctx, q, e, "covered")
+		if err != nil {
+			return Result{}, err
+		}
+		if !fresh {
+			res.Outcome = Duplicate // seen before, as a conflict or parked
+			return res, nil
+		}
+		if ib.cfg.Covered != nil {
+			if err := ib.cfg.Covered(ctx, tx, e); err != nil {
+				return Result{}, fmt.Errorf("covered %s v%d: %w", e.Type, v, err)
+			}
+		}
+		res.Outcome = Covered
 		return res, nil
 
 	case v == last+1:
-		// A parked held event (a resync answered 404) still owns its
-		// version: a different event claiming it is a conflict to surface,
-		// not the next version to apply.
+		// A parked held event (a resync answered 404, or its change failed)
+		// still owns its version: a different event claiming it is a
+		// conflict to surface, not the next version to apply.
 		if held, err := q.InboxHeldGetByVersion(ctx, inboxdb.InboxHeldGetByVersionParams{
 			AggregateType: e.AggregateType, AggregateID: e.AggregateID, AggregateVersion: v,
 		}); err == nil && held.EventID != e.ID {
-			return ib.conflict(ctx, q, e, held.EventID, res)
+			return ib.conflict(ctx, tx, q, e, held.EventID, res)
 		} else if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return Result{}, fmt.Errorf("look up held version: %w", err)
 		}
@@ -250,16 +337,17 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event, apply ApplyFun
 			res.Outcome = Duplicate
 			return res, nil
 		}
-		if err := ib.applyOne(ctx, tx, q, e, apply); err != nil {
+		if err := ib.applyOne(ctx, tx, q, e); err != nil {
 			return Result{}, err
 		}
 		res.Outcome = Applied
 		res.Applied = append(res.Applied, e)
-		drained, last, err := ib.drain(ctx, tx, q, e.AggregateType, e.AggregateID, v, apply)
+		drained, parked, last, err := ib.drain(ctx, tx, q, e.AggregateType, e.AggregateID, v)
 		if err != nil {
 			return Result{}, err
 		}
 		res.Applied = append(res.Applied, drained...)
+		res.Parked = parked
 		res.LastVersion = last
 		return res, nil
 
@@ -272,7 +360,7 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event, apply ApplyFun
 			res.Outcome = Duplicate
 			return res, nil
 		case err == nil:
-			return ib.conflict(ctx, q, e, held.EventID, res)
+			return ib.conflict(ctx, tx, q, e, held.EventID, res)
 		case !errors.Is(err, pgx.ErrNoRows):
 			return Result{}, fmt.Errorf("look up held version: %w", err)
 		}
@@ -292,7 +380,7 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event, apply ApplyFun
 			return Result{}, fmt.Errorf("hold event: %w", err)
 		}
 		if err := q.InboxAggregateOpenGap(ctx, inboxdb.InboxAggregateOpenGapParams{
-			WindowSeconds: ib.gapWindow.Seconds(), AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+			WindowSeconds: ib.cfg.GapWindow.Seconds(), AggregateType: e.AggregateType, AggregateID: e.AggregateID,
 		}); err != nil {
 			return Result{}, fmt.Errorf("open gap: %w", err)
 		}
@@ -302,7 +390,7 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event, apply ApplyFun
 }
 
 // Observe counts a committed result in the metrics and logs what an
-// operator must see (conflicts, gaps).
+// operator must see (conflicts, gaps, parked events).
 func (ib *Inbox) Observe(r Result) {
 	e := r.event
 	switch r.Outcome {
@@ -316,10 +404,17 @@ func (ib *Inbox) Observe(r Result) {
 		ib.metrics.Gaps.WithLabelValues(e.Type).Inc()
 		ib.log.Info("inbox gap: event held until the missing versions arrive",
 			append(e.LogAttrs(), slog.Int64("last_applied_version", r.LastVersion))...)
+	case Covered:
+		ib.metrics.Covered.WithLabelValues(e.Type).Inc()
+		ib.log.Info("inbox: event arrived after a resync snapshot covered its version; its state change is skipped",
+			append(e.LogAttrs(), slog.Int64("last_applied_version", r.LastVersion))...)
+	}
+	for _, p := range r.Parked {
+		ib.log.Error("inbox: held event failed when its turn came; parked for an operator", p.LogAttrs()...)
 	}
 }
 
-func (ib *Inbox) conflict(ctx context.Context, q *inboxdb.Queries, e Event, owner uuid.UUID, res Result) (Result, error) {
+func (ib *Inbox) conflict(ctx context.Context, tx pgx.Tx, q *inboxdb.Queries, e Event, owner uuid.UUID, res Result) (Result, error) {
 	fresh, err := insertMarker(ctx, q, e, "conflict")
 	if err != nil {
 		return Result{}, err
@@ -335,6 +430,11 @@ func (ib *Inbox) conflict(ctx context.Context, q *inboxdb.Queries, e Event, owne
 	}); err != nil {
 		return Result{}, fmt.Errorf("record conflict: %w", err)
 	}
+	if ib.cfg.Rejected != nil {
+		if err := ib.cfg.Rejected(ctx, tx, e, RejectConflict); err != nil {
+			return Result{}, fmt.Errorf("reject conflicting %s v%d: %w", e.Type, e.AggregateVersion, err)
+		}
+	}
 	res.Outcome = Conflict
 	res.ExistingEventID = owner
 	return res, nil
@@ -343,8 +443,8 @@ func (ib *Inbox) conflict(ctx context.Context, q *inboxdb.Queries, e Event, owne
 // applyOne runs the business change and then moves the version forward. The
 // guarded update doubles as an assertion: the aggregate row is locked, so
 // it can only fail if the caller broke the ordering invariant.
-func (ib *Inbox) applyOne(ctx context.Context, tx pgx.Tx, q *inboxdb.Queries, e Event, apply ApplyFunc) error {
-	if err := apply(ctx, tx, e); err != nil {
+func (ib *Inbox) applyOne(ctx context.Context, tx pgx.Tx, q *inboxdb.Queries, e Event) error {
+	if err := ib.cfg.Apply(ctx, tx, e); err != nil {
 		return fmt.Errorf("apply %s v%d: %w", e.Type, e.AggregateVersion, err)
 	}
 	n, err := q.InboxAggregateAdvance(ctx, inboxdb.InboxAggregateAdvanceParams{
@@ -361,40 +461,87 @@ func (ib *Inbox) applyOne(ctx context.Context, tx pgx.Tx, q *inboxdb.Queries, e 
 
 // drain applies held events that directly follow version from, in order,
 // and closes the gap once nothing is held any more.
-func (ib *Inbox) drain(ctx context.Context, tx pgx.Tx, q *inboxdb.Queries, aggType, aggID string, from int64, apply ApplyFunc) ([]Event, int64, error) {
-	var applied []Event
-	last := from
+//
+// Each held event runs under a savepoint. One whose change fails for a
+// reason other than the infrastructure (a payload its consumer now refuses,
+// a bug) is parked on its own with the reason and draining stops there: the
+// event that released it, and the rest of the transaction, still commit.
+// Later versions stay held behind it, and the gap stays open, so a resync
+// resolves them in time.
+func (ib *Inbox) drain(ctx context.Context, tx pgx.Tx, q *inboxdb.Queries, aggType, aggID string, from int64) (applied, parked []Event, last int64, err error) {
+	last = from
 	for {
 		h, err := q.InboxHeldNext(ctx, inboxdb.InboxHeldNextParams{AggregateType: aggType, AggregateID: aggID, AggregateVersion: last + 1})
 		if errors.Is(err, pgx.ErrNoRows) {
 			break
 		}
 		if err != nil {
-			return nil, 0, fmt.Errorf("read held successor: %w", err)
+			return nil, nil, 0, fmt.Errorf("read held successor: %w", err)
 		}
 		e := heldEvent(h)
-		if err := q.InboxHeldDelete(ctx, h.EventID); err != nil {
-			return nil, 0, fmt.Errorf("release held event: %w", err)
-		}
-		if err := q.ProcessedEventSetOutcome(ctx, inboxdb.ProcessedEventSetOutcomeParams{EventID: h.EventID, Outcome: "applied"}); err != nil {
-			return nil, 0, fmt.Errorf("mark held event applied: %w", err)
-		}
-		if err := ib.applyOne(ctx, tx, q, e, apply); err != nil {
-			return nil, 0, err
+		err = savepoint(ctx, tx, func(sp pgx.Tx) error {
+			sq := inboxdb.New(sp)
+			if err := sq.InboxHeldDelete(ctx, h.EventID); err != nil {
+				return fmt.Errorf("release held event: %w", err)
+			}
+			if err := sq.ProcessedEventSetOutcome(ctx, inboxdb.ProcessedEventSetOutcomeParams{EventID: h.EventID, Outcome: "applied"}); err != nil {
+				return fmt.Errorf("mark held event applied: %w", err)
+			}
+			return ib.applyOne(ctx, sp, sq, e)
+		})
+		if err != nil {
+			if IsTransient(err) {
+				return nil, nil, 0, err
+			}
+			if perr := parkHeld(ctx, q, e, err); perr != nil {
+				return nil, nil, 0, perr
+			}
+			parked = append(parked, e)
+			break
 		}
 		applied = append(applied, e)
 		last = e.AggregateVersion
 	}
 	remaining, err := q.InboxHeldCountForAggregate(ctx, inboxdb.InboxHeldCountForAggregateParams{AggregateType: aggType, AggregateID: aggID})
 	if err != nil {
-		return nil, 0, fmt.Errorf("count held events: %w", err)
+		return nil, nil, 0, fmt.Errorf("count held events: %w", err)
 	}
 	if remaining == 0 {
 		if err := q.InboxAggregateCloseGap(ctx, inboxdb.InboxAggregateCloseGapParams{AggregateType: aggType, AggregateID: aggID}); err != nil {
-			return nil, 0, fmt.Errorf("close gap: %w", err)
+			return nil, nil, 0, fmt.Errorf("close gap: %w", err)
 		}
 	}
-	return applied, last, nil
+	return applied, parked, last, nil
+}
+
+// parkHeld parks one held event whose change failed, with the reason.
+func parkHeld(ctx context.Context, q *inboxdb.Queries, e Event, cause error) error {
+	if _, err := q.InboxHeldParkOne(ctx, inboxdb.InboxHeldParkOneParams{EventID: e.ID, Reason: cleanText(cause.Error())}); err != nil {
+		return fmt.Errorf("park held event: %w", err)
+	}
+	if err := q.ProcessedEventSetOutcome(ctx, inboxdb.ProcessedEventSetOutcomeParams{EventID: e.ID, Outcome: "parked"}); err != nil {
+		return fmt.Errorf("mark held event parked: %w", err)
+	}
+	return nil
+}
+
+// savepoint runs fn in a nested transaction (a SAVEPOINT of tx): when fn
+// fails, only its own writes are undone and tx stays usable.
+func savepoint(ctx context.Context, tx pgx.Tx, fn func(pgx.Tx) error) error {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("savepoint: %w", err)
+	}
+	if err := fn(sp); err != nil {
+		if rerr := sp.Rollback(ctx); rerr != nil {
+			return errors.Join(err, fmt.Errorf("roll back to savepoint: %w", rerr))
+		}
+		return err
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return fmt.Errorf("release savepoint: %w", err)
+	}
+	return nil
 }
 
 func insertMarker(ctx context.Context, q *inboxdb.Queries, e Event, outcome string) (fresh bool, err error) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -17,31 +18,73 @@ import (
 	"github.com/outboxref/orders/internal/inbox"
 )
 
-// The inbox's tests use a tiny "business" table of their own, so they show
-// the package works for any domain: apply appends the event to a log.
-const businessTable = `CREATE TABLE IF NOT EXISTS applied_log (
+// The inbox's tests use a tiny "business" of their own, so they show the
+// package works for any domain: apply appends the event to applied_log,
+// and the effects owed to covered and rejected events go to effect_log
+// (what a notifier would email).
+const businessTables = `
+CREATE TABLE applied_log (
 	event_id uuid PRIMARY KEY, aggregate_id text NOT NULL, version bigint NOT NULL,
-	seq bigint GENERATED ALWAYS AS IDENTITY)`
+	seq bigint GENERATED ALWAYS AS IDENTITY);
+CREATE TABLE effect_log (
+	event_id uuid PRIMARY KEY, version bigint NOT NULL, kind text NOT NULL,
+	seq bigint GENERATED ALWAYS AS IDENTITY);`
 
 type fixture struct {
 	pool  *pgxpool.Pool
 	ib    *inbox.Inbox
 	reg   *prometheus.Registry
-	apply inbox.ApplyFunc
+	snaps []int64 // versions of the snapshots applied
 }
 
-func setup(t *testing.T, window time.Duration) *fixture {
+type option func(*inbox.Config, *fixture)
+
+// withSnapshots makes the source of truth answer with fetch.
+func withSnapshots(fetch inbox.FetchFunc) option {
+	return func(c *inbox.Config, f *fixture) {
+		c.Fetch = fetch
+		c.ApplySnapshot = func(ctx context.Context, tx pgx.Tx, s inbox.Snapshot) error {
+			f.snaps = append(f.snaps, s.Version)
+			return nil
+		}
+	}
+}
+
+func withApply(apply func(next inbox.ApplyFunc) inbox.ApplyFunc) option {
+	return func(c *inbox.Config, _ *fixture) { c.Apply = apply(c.Apply) }
+}
+
+func withCovered(covered func(next inbox.ApplyFunc) inbox.ApplyFunc) option {
+	return func(c *inbox.Config, _ *fixture) { c.Covered = covered(c.Covered) }
+}
+
+func setup(t testing.TB, window time.Duration, opts ...option) *fixture {
 	t.Helper()
 	db := newTestDB(t)
-	_, err := db.Pool.Exec(context.Background(), businessTable)
+	_, err := db.Pool.Exec(context.Background(), businessTables)
 	require.NoError(t, err)
-	reg := prometheus.NewRegistry()
-	ib, err := inbox.New(inbox.Config{GapWindow: window, ResyncRetry: window, Registerer: reg})
+	f := &fixture{pool: db.Pool, reg: prometheus.NewRegistry()}
+	cfg := inbox.Config{
+		Pool: db.Pool, GapWindow: window, ResyncRetry: window, Registerer: f.reg,
+		Apply: func(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
+			_, err := tx.Exec(ctx, "INSERT INTO applied_log (event_id, aggregate_id, version) VALUES ($1, $2, $3)", e.ID, e.AggregateID, e.AggregateVersion)
+			return err
+		},
+		Covered: func(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
+			_, err := tx.Exec(ctx, "INSERT INTO effect_log (event_id, version, kind) VALUES ($1, $2, 'covered')", e.ID, e.AggregateVersion)
+			return err
+		},
+		Rejected: func(ctx context.Context, tx pgx.Tx, e inbox.Event, reason string) error {
+			_, err := tx.Exec(ctx, "INSERT INTO effect_log (event_id, version, kind) VALUES ($1, $2, $3)", e.ID, e.AggregateVersion, "rejected:"+reason)
+			return err
+		},
+	}
+	for _, o := range opts {
+		o(&cfg, f)
+	}
+	f.ib, err = inbox.New(cfg)
 	require.NoError(t, err)
-	return &fixture{pool: db.Pool, ib: ib, reg: reg, apply: func(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
-		_, err := tx.Exec(ctx, "INSERT INTO applied_log (event_id, aggregate_id, version) VALUES ($1, $2, $3)", e.ID, e.AggregateID, e.AggregateVersion)
-		return err
-	}}
+	return f
 }
 
 // event is a fixture factory: version v of aggregate agg, with a fresh id.
@@ -54,7 +97,7 @@ func event(agg string, v int64) inbox.Event {
 
 func (f *fixture) handle(t *testing.T, e inbox.Event) inbox.Result {
 	t.Helper()
-	res, err := f.ib.Handle(context.Background(), f.pool, e, f.apply)
+	res, err := f.ib.Handle(context.Background(), e)
 	require.NoError(t, err)
 	return res
 }
@@ -66,6 +109,16 @@ func (f *fixture) appliedVersions(t *testing.T, agg string) []int64 {
 	vs, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	require.NoError(t, err)
 	return vs
+}
+
+// effects lists "kind:version" of every effect run, in order.
+func (f *fixture) effects(t *testing.T) []string {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), "SELECT kind || ':' || version FROM effect_log ORDER BY seq")
+	require.NoError(t, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return out
 }
 
 func (f *fixture) count(t *testing.T, sql string, args ...any) int {
@@ -105,20 +158,6 @@ func TestProcess(t *testing.T) {
 		require.Equal(t, 2.0, counter(t, f.reg, "inbox_duplicates_total"))
 	})
 
-	t.Run("OlderVersionWithUnknownIDIsDuplicate", func(t *testing.T) {
-		t.Parallel()
-		f := setup(t, time.Minute)
-		f.handle(t, event("a", 1))
-		f.handle(t, event("a", 2))
-		// The marker of v1's owner exists, so a different id at v1 is a
-		// conflict; but an id the inbox never saw, at a version nobody
-		// owns any more (for example after TTL cleanup), is a duplicate.
-		_, err := f.pool.Exec(context.Background(), "DELETE FROM processed_event WHERE aggregate_version = 1")
-		require.NoError(t, err)
-		require.Equal(t, inbox.Duplicate, f.handle(t, event("a", 1)).Outcome)
-		require.Equal(t, []int64{1, 2}, f.appliedVersions(t, "a"))
-	})
-
 	t.Run("ConflictAtAppliedVersion", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, time.Minute)
@@ -130,10 +169,12 @@ func TestProcess(t *testing.T) {
 		require.Equal(t, first.ID, res.ExistingEventID)
 		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_conflict WHERE event_id = $1 AND existing_event_id = $2", other.ID, first.ID))
 		require.Equal(t, 1.0, counter(t, f.reg, "inbox_conflicts_total"))
+		require.Equal(t, []string{"rejected:conflict:1"}, f.effects(t), "the conflict's own effects are accounted for once")
 		// The conflicting event redelivered is recognised, not re-recorded.
 		require.Equal(t, inbox.Duplicate, f.handle(t, other).Outcome)
 		require.Equal(t, 1.0, counter(t, f.reg, "inbox_conflicts_total"))
 		require.Equal(t, []int64{1}, f.appliedVersions(t, "a"))
+		require.Len(t, f.effects(t), 1)
 	})
 
 	t.Run("ConflictAtHeldVersion", func(t *testing.T) {
@@ -168,23 +209,89 @@ func TestProcess(t *testing.T) {
 		require.Equal(t, 0, f.count(t, "SELECT count(*) FROM inbox_held_event"))
 		require.Equal(t, 0, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE gap_since IS NOT NULL OR resync_after IS NOT NULL"))
 		require.Equal(t, 2.0, counter(t, f.reg, "inbox_gaps_total"))
+		require.Empty(t, f.effects(t), "nothing was covered")
 	})
 
 	t.Run("ApplyFailureRollsBackMarker", func(t *testing.T) {
 		t.Parallel()
-		f := setup(t, time.Minute)
-		e := event("a", 1)
 		boom := errors.New("boom")
-		_, err := f.ib.Handle(context.Background(), f.pool, e, func(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
-			require.NoError(t, f.apply(ctx, tx, e))
-			return boom
-		})
+		fail := true
+		f := setup(t, time.Minute, withApply(func(next inbox.ApplyFunc) inbox.ApplyFunc {
+			return func(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
+				if err := next(ctx, tx, e); err != nil || !fail {
+					return err
+				}
+				return boom
+			}
+		}))
+		e := event("a", 1)
+		_, err := f.ib.Handle(context.Background(), e)
 		require.ErrorIs(t, err, boom)
 		require.Equal(t, 0, f.count(t, "SELECT count(*) FROM processed_event"))
 		require.Equal(t, 0, f.count(t, "SELECT count(*) FROM applied_log"))
+		fail = false
 		require.Equal(t, inbox.Applied, f.handle(t, e).Outcome)
 		require.Equal(t, []int64{1}, f.appliedVersions(t, "a"))
 		require.Zero(t, counter(t, f.reg, "inbox_duplicates_total"), "a rolled-back attempt is not counted")
+	})
+
+	// HeldEventFailingOnReleaseIsParked: when the missing version arrives
+	// and a held successor's change fails for a reason of its own, that
+	// successor is parked with the reason, and the arriving event is still
+	// applied and committed; versions after the parked one stay held.
+	t.Run("HeldEventFailingOnReleaseIsParked", func(t *testing.T) {
+		t.Parallel()
+		var poisoned uuid.UUID
+		f := setup(t, time.Minute, withApply(func(next inbox.ApplyFunc) inbox.ApplyFunc {
+			return func(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
+				if e.ID == poisoned {
+					return errors.New("payload refused by the business rules")
+				}
+				return next(ctx, tx, e)
+			}
+		}))
+		f.handle(t, event("a", 1))
+		v3, v4 := event("a", 3), event("a", 4)
+		poisoned = v3.ID
+		f.handle(t, v3)
+		f.handle(t, v4)
+		res := f.handle(t, event("a", 2))
+		require.Equal(t, inbox.Applied, res.Outcome)
+		require.Equal(t, []uuid.UUID{v3.ID}, ids(res.Parked))
+		require.Equal(t, int64(2), res.LastVersion)
+		require.Equal(t, []int64{1, 2}, f.appliedVersions(t, "a"))
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE event_id = $1 AND state = 'parked' AND park_reason LIKE '%refused by the business rules%'", v3.ID))
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM processed_event WHERE event_id = $1 AND outcome = 'parked'", v3.ID))
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE event_id = $1 AND state = 'held'", v4.ID))
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE gap_since IS NOT NULL"), "v4 still waits, so the gap stays open")
+	})
+
+	// TransientFailureOnReleaseFailsTheTransaction: an infrastructure error
+	// while a held successor is applied says nothing about that event, so
+	// it is not parked: the whole transaction fails and is retried.
+	t.Run("TransientFailureOnReleaseFailsTheTransaction", func(t *testing.T) {
+		t.Parallel()
+		var flaky uuid.UUID
+		f := setup(t, time.Minute, withApply(func(next inbox.ApplyFunc) inbox.ApplyFunc {
+			return func(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
+				if e.ID == flaky {
+					return &pgconn.PgError{Code: "40P01", Message: "deadlock detected"}
+				}
+				return next(ctx, tx, e)
+			}
+		}))
+		f.handle(t, event("a", 1))
+		v3 := event("a", 3)
+		flaky = v3.ID
+		f.handle(t, v3)
+		v2 := event("a", 2)
+		_, err := f.ib.Handle(context.Background(), v2)
+		require.True(t, inbox.IsTransient(err), "%v", err)
+		require.Equal(t, []int64{1}, f.appliedVersions(t, "a"), "all of it rolled back")
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'held'"))
+		flaky = uuid.Nil
+		require.Equal(t, inbox.Applied, f.handle(t, v2).Outcome)
+		require.Equal(t, []int64{1, 2, 3}, f.appliedVersions(t, "a"))
 	})
 
 	// SeveralInOneTransaction: a consumer that applies a batch of records
@@ -217,7 +324,7 @@ func TestProcess(t *testing.T) {
 		tx, err := f.pool.Begin(ctx)
 		require.NoError(t, err)
 		for i, s := range steps {
-			res, err := f.ib.Process(ctx, tx, s.e, f.apply)
+			res, err := f.ib.Process(ctx, tx, s.e)
 			require.NoError(t, err, "step %d", i)
 			require.Equal(t, s.want, res.Outcome, "step %d", i)
 			require.Equal(t, s.last, res.LastVersion, "step %d", i)
@@ -241,44 +348,60 @@ func TestProcess(t *testing.T) {
 	t.Run("InvalidEvent", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t, time.Minute)
-		_, err := f.ib.Handle(context.Background(), f.pool, event("a", 0), f.apply)
-		require.ErrorIs(t, err, inbox.ErrInvalidEvent)
+		for name, e := range map[string]inbox.Event{
+			"ZeroVersion":   event("a", 0),
+			"NoID":          func() inbox.Event { e := event("a", 1); e.ID = uuid.Nil; return e }(),
+			"NULInType":     func() inbox.Event { e := event("a", 1); e.Type = "x\x00"; return e }(),
+			"BadUTF8Aggreg": func() inbox.Event { e := event("\xff", 1); return e }(),
+		} {
+			_, err := f.ib.Handle(context.Background(), e)
+			require.ErrorIs(t, err, inbox.ErrInvalidEvent, name)
+		}
 	})
+}
+
+func ids(evs []inbox.Event) []uuid.UUID {
+	var out []uuid.UUID
+	for _, e := range evs {
+		out = append(out, e.ID)
+	}
+	return out
 }
 
 func TestResyncDue(t *testing.T) {
 	t.Parallel()
 
-	type snapState struct{ version int64 }
-	setupGap := func(t *testing.T) *fixture {
-		f := setup(t, 50*time.Millisecond)
+	setupGap := func(t *testing.T, fetch inbox.FetchFunc, opts ...option) *fixture {
+		f := setup(t, 50*time.Millisecond, append([]option{withSnapshots(fetch)}, opts...)...)
 		f.handle(t, event("a", 1))
 		f.handle(t, event("a", 3))
 		f.handle(t, event("a", 4))
-		return f
-	}
-	resync := func(f *fixture, fetch func(context.Context, string, string) (inbox.Snapshot, error), snapshots *[]int64) inbox.Resync {
-		return inbox.Resync{
-			Fetch: fetch,
-			ApplySnapshot: func(ctx context.Context, tx pgx.Tx, s inbox.Snapshot) error {
-				*snapshots = append(*snapshots, s.State.(snapState).version)
-				return nil
-			},
-			Apply: f.apply,
-		}
-	}
-	waitDue := func(t *testing.T, f *fixture) {
 		require.Eventually(t, func() bool {
-			st, err := f.ib.RefreshStats(context.Background(), f.pool)
+			st, err := f.ib.RefreshStats(context.Background())
 			return err == nil && st.GapsOverdue == 1
 		}, 5*time.Second, 20*time.Millisecond)
+		return f
+	}
+	snapshotAt := func(v int64) inbox.FetchFunc {
+		return func(_ context.Context, typ, id string) (inbox.Snapshot, error) {
+			return inbox.Snapshot{AggregateType: typ, AggregateID: id, Version: v}, nil
+		}
+	}
+	notFound := func(context.Context, string, string) (inbox.Snapshot, error) {
+		return inbox.Snapshot{}, fmt.Errorf("%w: 404", inbox.ErrNotFound)
+	}
+	resync := func(t *testing.T, f *fixture) []inbox.Event {
+		t.Helper()
+		done, err := f.ib.ResyncDue(context.Background(), 10)
+		require.NoError(t, err)
+		return done
 	}
 
 	// requireStillOverdue checks the alert after a resync that did not
 	// resolve the gap: the next attempt is scheduled later, but the gap is
 	// still older than its window and the gauge must keep saying so.
 	requireStillOverdue := func(t *testing.T, f *fixture) {
-		st, err := f.ib.RefreshStats(context.Background(), f.pool)
+		st, err := f.ib.RefreshStats(context.Background())
 		require.NoError(t, err)
 		require.Equal(t, int64(1), st.GapsOverdue, "an unresolved gap stays overdue between resync attempts")
 		require.Equal(t, 1.0, testutil.ToFloat64(f.ib.Metrics().GapsOverdue))
@@ -286,61 +409,74 @@ func TestResyncDue(t *testing.T) {
 
 	t.Run("NotDueBeforeWindow", func(t *testing.T) {
 		t.Parallel()
-		f := setup(t, time.Hour)
+		f := setup(t, time.Hour, withSnapshots(func(context.Context, string, string) (inbox.Snapshot, error) {
+			t.Error("fetched before the window passed")
+			return inbox.Snapshot{}, nil
+		}))
 		f.handle(t, event("a", 1))
 		f.handle(t, event("a", 3))
-		var snaps []int64
-		applied, err := f.ib.ResyncDue(context.Background(), f.pool, resync(f, func(context.Context, string, string) (inbox.Snapshot, error) {
-			t.Fatal("fetched before the window passed")
-			return inbox.Snapshot{}, nil
-		}, &snaps), 10)
-		require.NoError(t, err)
-		require.Empty(t, applied)
+		require.Empty(t, resync(t, f))
 	})
 
 	t.Run("ContinuesFromSnapshotAndAppliesHeldThatFit", func(t *testing.T) {
 		t.Parallel()
-		f := setupGap(t)
-		waitDue(t, f)
-		var snaps []int64
-		applied, err := f.ib.ResyncDue(context.Background(), f.pool, resync(f, func(_ context.Context, typ, id string) (inbox.Snapshot, error) {
-			return inbox.Snapshot{AggregateType: typ, AggregateID: id, Version: 2, State: snapState{2}}, nil
-		}, &snaps), 10)
-		require.NoError(t, err)
-		require.Equal(t, []int64{2}, snaps)
-		require.Len(t, applied, 2)
+		f := setupGap(t, snapshotAt(2))
+		require.Len(t, resync(t, f), 2)
+		require.Equal(t, []int64{2}, f.snaps)
 		require.Equal(t, []int64{1, 3, 4}, f.appliedVersions(t, "a"), "v2 comes from the snapshot, v3 and v4 from the hold")
 		require.Equal(t, 0, f.count(t, "SELECT count(*) FROM inbox_held_event"))
 		require.Equal(t, 1.0, testutil.ToFloat64(f.ib.Metrics().Resyncs.WithLabelValues(inbox.ResyncOK)))
+		require.Empty(t, f.effects(t))
 	})
 
-	t.Run("SnapshotAheadSupersedesHeld", func(t *testing.T) {
+	// SnapshotAheadCoversHeld: held versions the snapshot covers never run
+	// their state change, but each is handed to Covered, in order, so the
+	// effects owed to it (a notification) are not lost. A late copy of a
+	// covered version is a duplicate; the missing version arriving late is
+	// itself covered.
+	t.Run("SnapshotAheadCoversHeld", func(t *testing.T) {
 		t.Parallel()
-		f := setupGap(t)
-		waitDue(t, f)
-		var snaps []int64
-		_, err := f.ib.ResyncDue(context.Background(), f.pool, resync(f, func(_ context.Context, typ, id string) (inbox.Snapshot, error) {
-			return inbox.Snapshot{AggregateType: typ, AggregateID: id, Version: 5, State: snapState{5}}, nil
-		}, &snaps), 10)
-		require.NoError(t, err)
+		f := setupGap(t, snapshotAt(5))
+		require.Len(t, resync(t, f), 2)
 		require.Equal(t, []int64{1}, f.appliedVersions(t, "a"), "held versions the snapshot covers are never applied")
+		require.Equal(t, []string{"covered:3", "covered:4"}, f.effects(t))
 		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM processed_event WHERE outcome = 'superseded'"))
-		// Late copies, old or held, never move state backwards.
-		require.Equal(t, inbox.Duplicate, f.handle(t, event("a", 2)).Outcome)
+
+		late := event("a", 2)
+		res := f.handle(t, late)
+		require.Equal(t, inbox.Covered, res.Outcome)
+		require.Equal(t, []string{"covered:3", "covered:4", "covered:2"}, f.effects(t))
+		require.Equal(t, inbox.Duplicate, f.handle(t, late).Outcome, "covered once")
+		require.Equal(t, 1.0, counter(t, f.reg, "inbox_covered_total"))
+		// The late event now owns v2: another id at v2 is a conflict.
+		require.Equal(t, inbox.Conflict, f.handle(t, event("a", 2)).Outcome)
 		require.Equal(t, inbox.Applied, f.handle(t, event("a", 6)).Outcome)
 		require.Equal(t, []int64{1, 6}, f.appliedVersions(t, "a"))
 	})
 
+	// CoveredFailureParksThatEvent: a held event whose own effect fails when
+	// a snapshot covers it is kept, parked, and the resync still completes.
+	t.Run("CoveredFailureParksThatEvent", func(t *testing.T) {
+		t.Parallel()
+		f := setupGap(t, snapshotAt(5), withCovered(func(next inbox.ApplyFunc) inbox.ApplyFunc {
+			return func(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
+				if e.AggregateVersion == 3 {
+					return errors.New("cannot render this one")
+				}
+				return next(ctx, tx, e)
+			}
+		}))
+		require.Len(t, resync(t, f), 1)
+		require.Equal(t, []string{"covered:4"}, f.effects(t))
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'parked' AND aggregate_version = 3 AND park_reason LIKE '%cannot render%'"))
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE last_version = 5 AND resync_after IS NULL"))
+	})
+
 	t.Run("StaleSnapshotKeepsHolding", func(t *testing.T) {
 		t.Parallel()
-		f := setupGap(t)
-		waitDue(t, f)
-		var snaps []int64
-		_, err := f.ib.ResyncDue(context.Background(), f.pool, resync(f, func(_ context.Context, typ, id string) (inbox.Snapshot, error) {
-			return inbox.Snapshot{AggregateType: typ, AggregateID: id, Version: 1, State: snapState{1}}, nil
-		}, &snaps), 10)
-		require.NoError(t, err)
-		require.Empty(t, snaps)
+		f := setupGap(t, snapshotAt(1))
+		require.Empty(t, resync(t, f))
+		require.Empty(t, f.snaps)
 		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'held'"))
 		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE resync_attempts = 1 AND last_resync_error LIKE '%not ahead%'"))
 		require.Equal(t, 1.0, testutil.ToFloat64(f.ib.Metrics().Resyncs.WithLabelValues(inbox.ResyncStale)))
@@ -349,30 +485,21 @@ func TestResyncDue(t *testing.T) {
 
 	t.Run("NotFoundParksHeld", func(t *testing.T) {
 		t.Parallel()
-		f := setupGap(t)
-		waitDue(t, f)
-		var snaps []int64
-		_, err := f.ib.ResyncDue(context.Background(), f.pool, resync(f, func(context.Context, string, string) (inbox.Snapshot, error) {
-			return inbox.Snapshot{}, fmt.Errorf("%w: 404", inbox.ErrNotFound)
-		}, &snaps), 10)
-		require.NoError(t, err)
+		f := setupGap(t, notFound)
+		resync(t, f)
 		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'parked' AND park_reason LIKE '%not found%'"))
 		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM processed_event WHERE outcome = 'parked'"))
 		require.Equal(t, []int64{1}, f.appliedVersions(t, "a"))
-		st, err := f.ib.RefreshStats(context.Background(), f.pool)
+		require.Equal(t, []string{"rejected:not_found:3", "rejected:not_found:4"}, f.effects(t))
+		st, err := f.ib.RefreshStats(context.Background())
 		require.NoError(t, err)
 		require.Equal(t, inbox.Stats{ParkedEvents: 2}, st)
 	})
 
 	t.Run("ParkedVersionStillOwned", func(t *testing.T) {
 		t.Parallel()
-		f := setupGap(t)
-		waitDue(t, f)
-		var snaps []int64
-		_, err := f.ib.ResyncDue(context.Background(), f.pool, resync(f, func(context.Context, string, string) (inbox.Snapshot, error) {
-			return inbox.Snapshot{}, fmt.Errorf("%w: 404", inbox.ErrNotFound)
-		}, &snaps), 10)
-		require.NoError(t, err)
+		f := setupGap(t, notFound)
+		resync(t, f)
 		// The gap fills; v3 is parked, so the aggregate waits at v2.
 		require.Equal(t, inbox.Applied, f.handle(t, event("a", 2)).Outcome)
 		require.Equal(t, []int64{1, 2}, f.appliedVersions(t, "a"))
@@ -384,13 +511,10 @@ func TestResyncDue(t *testing.T) {
 
 	t.Run("FetchErrorRetriesLater", func(t *testing.T) {
 		t.Parallel()
-		f := setupGap(t)
-		waitDue(t, f)
-		var snaps []int64
-		_, err := f.ib.ResyncDue(context.Background(), f.pool, resync(f, func(context.Context, string, string) (inbox.Snapshot, error) {
+		f := setupGap(t, func(context.Context, string, string) (inbox.Snapshot, error) {
 			return inbox.Snapshot{}, errors.New("connection refused")
-		}, &snaps), 10)
-		require.NoError(t, err)
+		})
+		resync(t, f)
 		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'held'"))
 		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE resync_after > now()"))
 		requireStillOverdue(t, f)
@@ -408,12 +532,43 @@ func TestCleanup(t *testing.T) {
 	require.NoError(t, err)
 	f.handle(t, event("agg-1", 2)) // recent: must survive
 
-	n, err := f.ib.Cleanup(context.Background(), f.pool, time.Hour, 3)
+	n, err := f.ib.Cleanup(context.Background(), time.Hour, 3, time.Millisecond)
 	require.NoError(t, err)
 	require.Equal(t, int64(7), n, "seven expired markers, in batches of three")
 	require.Equal(t, 1, f.count(t, "SELECT count(*) FROM processed_event WHERE outcome = 'held'"))
 	require.Equal(t, 1, f.count(t, "SELECT count(*) FROM processed_event WHERE outcome = 'applied'"))
 	require.Equal(t, 7.0, counter(t, f.reg, "inbox_processed_events_cleaned_total"))
+
+	_, err = f.ib.Cleanup(context.Background(), time.Hour, 0, 0)
+	require.Error(t, err, "a batch of zero would never finish")
+}
+
+// TestCleanupOneRunnerAtATime: while one run holds the lock for its whole
+// duration, another instance's run returns at once without deleting.
+func TestCleanupOneRunnerAtATime(t *testing.T) {
+	t.Parallel()
+	f := setup(t, time.Minute)
+	for i := range 5 {
+		f.handle(t, event(fmt.Sprintf("agg-%d", i), 1))
+	}
+	_, err := f.pool.Exec(context.Background(), "UPDATE processed_event SET processed_at = now() - interval '2 hours'")
+	require.NoError(t, err)
+	other, err := pgx.Connect(context.Background(), f.pool.Config().ConnString())
+	require.NoError(t, err)
+	defer other.Close(context.Background())
+	var locked bool
+	require.NoError(t, other.QueryRow(context.Background(), "SELECT pg_try_advisory_lock(7215402114)").Scan(&locked))
+	require.True(t, locked)
+
+	n, err := f.ib.Cleanup(context.Background(), time.Hour, 2, 0)
+	require.NoError(t, err)
+	require.Zero(t, n, "another runner holds the lock")
+
+	_, err = other.Exec(context.Background(), "SELECT pg_advisory_unlock(7215402114)")
+	require.NoError(t, err)
+	n, err = f.ib.Cleanup(context.Background(), time.Hour, 2, 0)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), n)
 }
 
 func TestCheckRetention(t *testing.T) {
@@ -422,23 +577,20 @@ func TestCheckRetention(t *testing.T) {
 	require.NoError(t, inbox.CheckRetention(3*time.Hour, time.Hour, 2*time.Hour))
 	err := inbox.CheckRetention(time.Hour, time.Hour, time.Minute)
 	require.ErrorIs(t, err, inbox.ErrRetentionTooShort)
-	require.ErrorContains(t, err, "PROCESSED_EVENT_TTL=1h0m0s")
+	require.ErrorContains(t, err, "the retention (1h0m0s) is shorter than the broker's redelivery window (1h0m0s) plus the backup retention (1m0s)")
 }
 
-func TestParkRecord(t *testing.T) {
+func TestIsTransient(t *testing.T) {
 	t.Parallel()
-	f := setup(t, time.Minute)
-	rec := inbox.Record{Source: "topic", Partition: 2, Offset: 9, Key: []byte("k"), Value: []byte("\xff garbage"),
-		Headers: []inbox.Header{inbox.NewHeader("ce_id", []byte("x")), inbox.NewHeader("bin", []byte{0xff})}, Reason: "bad"}
-	stored, err := inbox.ParkRecord(context.Background(), f.pool, rec)
-	require.NoError(t, err)
-	require.True(t, stored)
-	stored, err = inbox.ParkRecord(context.Background(), f.pool, rec)
-	require.NoError(t, err)
-	require.False(t, stored, "the same position is parked once")
-	var value []byte
-	var headers string
-	require.NoError(t, f.pool.QueryRow(context.Background(), "SELECT record_value, headers::text FROM inbox_parked_record").Scan(&value, &headers))
-	require.Equal(t, rec.Value, value)
-	require.JSONEq(t, `[{"key":"ce_id","value":"x"},{"key":"bin","binary":"/w=="}]`, headers)
+	for _, err := range []error{
+		&pgconn.PgError{Code: "57P01"}, &pgconn.PgError{Code: "40001"}, &pgconn.PgError{Code: "08006"},
+		context.DeadlineExceeded, fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "53300"}),
+	} {
+		require.True(t, inbox.IsTransient(err), "%v", err)
+	}
+	for _, err := range []error{
+		nil, errors.New("bug"), &pgconn.PgError{Code: "23505"}, &pgconn.PgError{Code: "22021"}, inbox.ErrInvalidEvent,
+	} {
+		require.False(t, inbox.IsTransient(err), "%v", err)
+	}
 }

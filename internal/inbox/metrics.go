@@ -18,14 +18,21 @@ type Metrics struct {
 	// Gaps counts events held because an earlier version was missing
 	// (inbox_gaps_total).
 	Gaps *prometheus.CounterVec
+	// Covered counts events that arrived, or were held, after a resync
+	// snapshot had placed their version: recorded and handed to Covered,
+	// their state change skipped (inbox_covered_total).
+	Covered *prometheus.CounterVec
 	// Resyncs counts resync attempts by result: resynced, not_found,
 	// stale or error (inbox_resyncs_total).
 	Resyncs *prometheus.CounterVec
 	// Held is the number of events currently held (inbox_held_events).
 	Held prometheus.Gauge
 	// Parked is the number of held events parked because a resync could
-	// not place them (inbox_parked_events).
+	// not place them or their change failed (inbox_parked_events).
 	Parked prometheus.Gauge
+	// ParkedRecords is the number of records parked because they could not
+	// be decoded or processed (inbox_parked_records).
+	ParkedRecords prometheus.Gauge
 	// GapsOverdue is the number of aggregates whose gap outlived its window
 	// and still waits for a successful resync: the alert signal
 	// (inbox_gaps_overdue).
@@ -49,6 +56,10 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "inbox_gaps_total",
 			Help: "Events held because an earlier version of their aggregate had not arrived.",
 		}, []string{"event_type"}),
+		Covered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inbox_covered_total",
+			Help: "Events whose version a resync snapshot had already placed: recorded, state change skipped, own effects run.",
+		}, []string{"event_type"}),
 		Resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inbox_resyncs_total",
 			Help: "Resynchronisations from the source of truth after a gap outlived its window, by result.",
@@ -59,7 +70,11 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		Parked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inbox_parked_events",
-			Help: "Held events parked because the source of truth could not place them (for example 404).",
+			Help: "Held events parked for an operator: the source of truth could not place them (404), or their change failed.",
+		}),
+		ParkedRecords: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "inbox_parked_records",
+			Help: "Records parked because they could not be decoded or processed (C6).",
 		}),
 		GapsOverdue: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inbox_gaps_overdue",
@@ -70,7 +85,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "processed_event markers deleted after their retention.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.Duplicates, m.Conflicts, m.Gaps, m.Resyncs, m.Held, m.Parked, m.GapsOverdue, m.Cleaned} {
+	for _, c := range []prometheus.Collector{m.Duplicates, m.Conflicts, m.Gaps, m.Covered, m.Resyncs, m.Held, m.Parked, m.ParkedRecords, m.GapsOverdue, m.Cleaned} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register inbox metrics: %w", err)
 		}
@@ -89,5 +104,6 @@ func (m *Metrics) InitEventTypes(types ...string) {
 		m.Duplicates.WithLabelValues(t)
 		m.Conflicts.WithLabelValues(t)
 		m.Gaps.WithLabelValues(t)
+		m.Covered.WithLabelValues(t)
 	}
 }

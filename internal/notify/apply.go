@@ -85,6 +85,62 @@ func (p *Projector) Apply(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
 	return nil
 }
 
+// Covered is the inbox's Covered function: the event's version was placed
+// in the projection by a resync snapshot, so the projection is left alone,
+// but the event still gets its email (C4a): a customer whose "paid" event
+// was late still hears about the payment.
+func (p *Projector) Covered(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
+	mail, err := p.mailFor(e)
+	if err != nil || mail == nil {
+		return err
+	}
+	_, err = enqueueEmail(ctx, notifydb.New(tx), *mail)
+	return err
+}
+
+// Rejected is the inbox's Rejected function: an emailing event that will
+// never be applied (a conflict, or an order the orders service does not
+// know) gets a ledger row in state skipped, with the reason, so every
+// emailing event the notifier received is accounted for (C4a).
+func (p *Projector) Rejected(ctx context.Context, tx pgx.Tx, e inbox.Event, reason string) error {
+	mail, err := p.mailFor(e)
+	if err != nil && e.Type != TypeRefundRequested {
+		// The event is recorded (conflict or parked) with its payload; the
+		// ledger row says why nothing was sent even though it cannot say
+		// to whom.
+		orderID, _ := uuid.Parse(e.AggregateID)
+		mail = &emailIntent{EventID: e.ID, OrderID: orderID, EventType: e.Type,
+			AggregateVersion: e.AggregateVersion, EventTime: e.Time}
+	}
+	if mail == nil {
+		return nil
+	}
+	mail.SkipReason = map[string]string{inbox.RejectConflict: SkipConflict, inbox.RejectNotFound: SkipNotFound}[reason]
+	if mail.SkipReason == "" {
+		mail.SkipReason = reason
+	}
+	_, err = enqueueEmail(ctx, notifydb.New(tx), *mail)
+	return err
+}
+
+// mailFor returns the email an event asks for, if any, from its payload
+// alone.
+func (p *Projector) mailFor(e inbox.Event) (*emailIntent, error) {
+	if !isKnownType(e.Type) {
+		return nil, nil
+	}
+	orderID, err := uuid.Parse(e.AggregateID)
+	if err != nil {
+		return nil, poison("aggregate id %q is not an order UUID", e.AggregateID)
+	}
+	payload, err := parsePayload(e)
+	if err != nil {
+		return nil, err
+	}
+	_, mail := project(nil, orderID, e, payload)
+	return mail, nil
+}
+
 // ApplySnapshot replaces an order's projection with the orders API's view
 // during a resync. It writes no email: a snapshot is state, not an event.
 func (p *Projector) ApplySnapshot(ctx context.Context, tx pgx.Tx, s inbox.Snapshot) error {
@@ -139,7 +195,7 @@ func project(prev *notifydb.OrderProjection, orderID uuid.UUID, e inbox.Event, p
 		return next, nil
 	}
 	return next, &emailIntent{
-		EventID: e.ID, OrderID: orderID, EventType: e.Type,
+		EventID: e.ID, OrderID: orderID, EventType: e.Type, AggregateVersion: e.AggregateVersion, EventTime: e.Time,
 		Recipient: next.Email, Subject: subject, Body: body,
 	}
 }

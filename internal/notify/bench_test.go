@@ -88,7 +88,9 @@ func benchmarkConsume(b *testing.B, orders, perOrder, batchMax int) {
 		require.NoError(b, prod.ProduceSync(pctx, recs...).FirstErr())
 		cancel()
 
-		ib, err := inbox.New(inbox.Config{GapWindow: time.Minute, Registerer: prometheus.NewRegistry(), Logger: quiet})
+		proj := NewProjector(quiet)
+		ib, err := inbox.New(inbox.Config{Pool: db.Pool, Apply: proj.Apply, Covered: proj.Covered, Rejected: proj.Rejected,
+			GapWindow: time.Minute, Registerer: prometheus.NewRegistry(), Logger: quiet})
 		require.NoError(b, err)
 		m, err := NewMetrics(prometheus.NewRegistry())
 		require.NoError(b, err)
@@ -97,7 +99,7 @@ func benchmarkConsume(b *testing.B, orders, perOrder, batchMax int) {
 		cons := NewConsumer(ConsumerConfig{
 			Brokers: []string{broker}, Topic: topic, Group: topic, MaxBatchRecords: batchMax,
 			ExtraOpts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
-		}, db.Pool, ib, NewProjector(quiet), m, quiet, func() {
+		}, db.Pool, ib, m, quiet, func() {
 			if applied.Add(1) == int64(n) {
 				close(all)
 			}

@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -41,7 +40,7 @@ type ConsumerConfig struct {
 	// StartAtLatest makes a group without committed offsets start at the
 	// end of the topic instead of its beginning. The default (beginning)
 	// lets the notifier catch up on events published before it first ran;
-	// a new deployment next to a long-retention topic may prefer latest.
+	// emails of events older than EMAIL_MAX_AGE are skipped, not sent.
 	StartAtLatest bool
 	// MaxApplyAttempts bounds the attempts for a record whose processing
 	// fails with an error that retrying cannot fix (a constraint violation,
@@ -49,6 +48,15 @@ type ConsumerConfig struct {
 	// forever (C6). Infrastructure errors (connection, timeout, deadlock)
 	// are retried without limit, since parking would lose good events.
 	MaxApplyAttempts int
+	// RetryCap bounds the wait between attempts while the database is
+	// unreachable (exponential from 100ms). Zero means 5s.
+	RetryCap time.Duration
+	// LagInterval is how often the lag is read from the broker's end
+	// offsets. Zero means 15s.
+	LagInterval time.Duration
+	// StallAfter reports a partition as stalled when it has a lag and its
+	// committed offset has not moved for this long. Zero means 2m.
+	StallAfter time.Duration
 	// ExtraOpts are added to the client (TLS, SASL, test tuning).
 	ExtraOpts []kgo.Opt
 }
@@ -61,16 +69,23 @@ const DefaultMaxBatchRecords = 200
 
 // Consumer reads order events from Kafka and runs them through the inbox
 // in local transactions (C1, C2). The records of one poll are applied in
-// batches, each in one transaction; a batch that fails is rolled back as a
-// whole and its records are applied again one transaction each, so a
-// single bad record never holds back its neighbours. Offsets are committed
-// only for records whose transaction committed, so a crash at any point
-// redelivers, and the inbox absorbs, whatever was not committed.
+// batches, each in one transaction; a batch that fails for a reason of its
+// own is rolled back as a whole and its records are applied again one
+// transaction each, so a single bad record never holds back its
+// neighbours: it is parked (C6). Offsets are committed only for records
+// whose transaction committed, so a crash at any point redelivers, and the
+// inbox absorbs, whatever was not committed.
+//
+// An infrastructure failure (the database unreachable) says nothing about
+// the records: they are kept in memory, their partitions are paused, and
+// the consumer keeps polling between attempts with capped backoff, which
+// keeps its place in the group and lets rebalances through. It reports
+// itself degraded meanwhile and, once the database answers, resumes with
+// the records it kept: nothing committed is processed again.
 type Consumer struct {
 	cfg     ConsumerConfig
 	pool    *pgxpool.Pool
 	inbox   *inbox.Inbox
-	proj    *Projector
 	metrics *Metrics
 	log     *slog.Logger
 	// onApplied is called after a transaction that applied events
@@ -80,8 +95,12 @@ type Consumer struct {
 	mu sync.Mutex
 	// done holds, per partition, the last record whose local transaction
 	// committed but whose offset is not committed yet.
-	done    map[topicPartition]*kgo.Record
+	done map[topicPartition]*kgo.Record
+	// backlog holds polled records not processed yet because the database
+	// failed; they are retried before anything else.
+	backlog []*kgo.Record
 	crashed bool
+	health  health
 
 	// afterLocalCommit, when set, runs for each record that went through
 	// the inbox, after the local transaction holding it (its own or its
@@ -95,11 +114,37 @@ type topicPartition struct {
 	partition int32
 }
 
+func (tp topicPartition) String() string { return tp.topic + "/" + strconv.Itoa(int(tp.partition)) }
+
+// health is what the consumer reports about itself on /readyz.
+type health struct {
+	degradedSince time.Time // zero when healthy
+	degradedCause string
+	stalled       []string
+	lastCommit    map[topicPartition]progress
+}
+
+type progress struct {
+	offset int64
+	since  time.Time
+}
+
+// Health is the consumer's view of itself, for /readyz information. It
+// never decides readiness: the database does.
+type Health struct {
+	// Degraded says, when not empty, since when and why the consumer is
+	// waiting out an infrastructure failure.
+	Degraded string
+	// Stalled lists partitions with a lag and no committed progress for
+	// the stall threshold.
+	Stalled []string
+}
+
 // errCrashed is returned by Run when a test hook simulated a crash.
 var errCrashed = errors.New("consumer crashed (simulated)")
 
 // NewConsumer returns a Consumer. onApplied may be nil.
-func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, proj *Projector, m *Metrics, log *slog.Logger, onApplied func()) *Consumer {
+func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, m *Metrics, log *slog.Logger, onApplied func()) *Consumer {
 	if cfg.MaxBatchRecords <= 0 {
 		cfg.MaxBatchRecords = DefaultMaxBatchRecords
 	}
@@ -111,14 +156,36 @@ func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, proj *
 	if cfg.MaxApplyAttempts <= 0 {
 		cfg.MaxApplyAttempts = 5
 	}
+	if cfg.RetryCap <= 0 {
+		cfg.RetryCap = 5 * time.Second
+	}
+	if cfg.LagInterval <= 0 {
+		cfg.LagInterval = 15 * time.Second
+	}
+	if cfg.StallAfter <= 0 {
+		cfg.StallAfter = 2 * time.Minute
+	}
 	if log == nil {
 		log = slog.Default()
 	}
 	if onApplied == nil {
 		onApplied = func() {}
 	}
-	return &Consumer{cfg: cfg, pool: pool, inbox: ib, proj: proj, metrics: m, log: log, onApplied: onApplied,
-		done: map[topicPartition]*kgo.Record{}}
+	return &Consumer{cfg: cfg, pool: pool, inbox: ib, metrics: m, log: log, onApplied: onApplied,
+		done: map[topicPartition]*kgo.Record{}, health: health{lastCommit: map[topicPartition]progress{}}}
+}
+
+// Health reports whether the consumer is degraded and which partitions are
+// stalled.
+func (c *Consumer) Health() Health {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var h Health
+	if !c.health.degradedSince.IsZero() {
+		h.Degraded = fmt.Sprintf("since %s: %s", c.health.degradedSince.UTC().Format(time.RFC3339), c.health.degradedCause)
+	}
+	h.Stalled = slices.Clone(c.health.stalled)
+	return h
 }
 
 // Run consumes until ctx is cancelled, then finishes the batch in hand,
@@ -138,6 +205,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.DisableAutoCommit(),
 		// A rebalance waits until the current batch is processed and its
 		// offsets committed, so partitions never move with work in hand.
+		// Waiting out a database failure releases the poll between
+		// attempts, so a rebalance is never blocked for long.
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),
@@ -157,47 +226,139 @@ func (c *Consumer) Run(ctx context.Context) error {
 		cl.AllowRebalance()
 		cl.Close()
 	}()
+	lagCtx, stopLag := context.WithCancel(ctx)
+	defer stopLag()
+	go c.watchLag(lagCtx, cl)
 
-	for {
-		fetches := cl.PollRecords(ctx, c.cfg.MaxPollRecords)
+	delay := time.Duration(0) // wait before the next attempt at the backlog
+	var retryAt time.Time
+	for ctx.Err() == nil {
+		pollCtx, cancel := ctx, context.CancelFunc(func() {})
+		if c.backlogLen() > 0 {
+			// Waiting out a failure: poll (for unpaused partitions, and to
+			// let rebalances through) at most until the next attempt.
+			pollCtx, cancel = context.WithDeadline(ctx, retryAt)
+		}
+		fetches := cl.PollRecords(pollCtx, c.cfg.MaxPollRecords)
+		cancel()
 		if fetches.IsClientClosed() || ctx.Err() != nil {
 			break
 		}
 		fetches.EachError(func(topic string, p int32, err error) {
-			c.log.WarnContext(ctx, "kafka fetch error", slog.String("topic", topic), slog.Int("partition", int(p)), slog.String("error", err.Error()))
-		})
-		fetches.EachPartition(func(p kgo.FetchTopicPartition) {
-			if n := len(p.Records); n > 0 {
-				lag := p.HighWatermark - p.Records[n-1].Offset - 1
-				c.metrics.ConsumerLag.WithLabelValues(p.Topic, strconv.Itoa(int(p.Partition))).Set(float64(max(lag, 0)))
+			if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+				c.log.WarnContext(ctx, "kafka fetch error", slog.String("topic", topic), slog.Int("partition", int(p)), slog.String("error", err.Error()))
 			}
 		})
-		// The poll's records are applied in batches of MaxBatchRecords, a
-		// batch possibly spanning partitions. EachRecord yields each
-		// partition's records in offset order and a batch keeps it: the
-		// inbox needs it for the versions of one aggregate (one key, one
-		// partition), and the offset marked for a partition is then always
-		// its last processed record. A shutdown stops between batches; the
-		// rest of the poll is redelivered to the next owner.
-		var recs []*kgo.Record
-		fetches.EachRecord(func(r *kgo.Record) { recs = append(recs, r) })
-		var stopErr error
-		for len(recs) > 0 && stopErr == nil && ctx.Err() == nil {
-			n := min(len(recs), c.cfg.MaxBatchRecords)
-			stopErr = c.processBatch(ctx, recs[:n])
-			recs = recs[n:]
-		}
-		if errors.Is(stopErr, errCrashed) {
-			return stopErr
+		// EachRecord yields each partition's records in offset order; the
+		// backlog keeps it, and a batch keeps it: the inbox needs it for the
+		// versions of one aggregate (one key, one partition), and the
+		// offset marked for a partition is then always its last processed
+		// record.
+		c.mu.Lock()
+		fetches.EachRecord(func(r *kgo.Record) { c.backlog = append(c.backlog, r) })
+		c.mu.Unlock()
+
+		if time.Now().After(retryAt) {
+			err := c.drainBacklog(ctx)
+			switch {
+			case errors.Is(err, errCrashed):
+				return err
+			case err != nil && ctx.Err() == nil:
+				delay = min(max(2*delay, 100*time.Millisecond), c.cfg.RetryCap)
+				retryAt = time.Now().Add(delay)
+				c.degrade(ctx, cl, err, delay)
+			case err == nil:
+				delay, retryAt = 0, time.Time{}
+				c.recover(ctx, cl)
+			}
 		}
 		c.commitDone(ctx, cl)
 		cl.AllowRebalance()
-		if stopErr != nil {
-			break // stopping while a record was being retried
-		}
 	}
 	c.commitDone(ctx, cl)
 	return nil
+}
+
+func (c *Consumer) backlogLen() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.backlog)
+}
+
+// drainBacklog processes the backlog in batches of MaxBatchRecords, a batch
+// possibly spanning partitions, removing each record once it is handled. It
+// stops at the first infrastructure failure, keeping the rest, and between
+// batches when the consumer is stopping (the rest is redelivered to the
+// next owner).
+func (c *Consumer) drainBacklog(ctx context.Context) error {
+	for ctx.Err() == nil {
+		c.mu.Lock()
+		n := min(len(c.backlog), c.cfg.MaxBatchRecords)
+		batch := slices.Clone(c.backlog[:n])
+		c.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		done, err := c.processBatch(ctx, batch)
+		c.mu.Lock()
+		// A rebalance callback may have dropped records meanwhile; remove
+		// exactly the handled ones.
+		handled := map[*kgo.Record]bool{}
+		for _, r := range batch[:done] {
+			handled[r] = true
+		}
+		c.backlog = slices.DeleteFunc(c.backlog, func(r *kgo.Record) bool { return handled[r] })
+		c.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// degrade pauses the partitions of the kept records and reports the
+// failure, once per failure and then now and then.
+func (c *Consumer) degrade(ctx context.Context, cl *kgo.Client, cause error, retryIn time.Duration) {
+	c.mu.Lock()
+	pause := map[string][]int32{}
+	seen := map[topicPartition]bool{}
+	for _, r := range c.backlog {
+		tp := topicPartition{r.Topic, r.Partition}
+		if !seen[tp] {
+			seen[tp] = true
+			pause[r.Topic] = append(pause[r.Topic], r.Partition)
+		}
+	}
+	first := c.health.degradedSince.IsZero()
+	if first {
+		c.health.degradedSince = time.Now()
+	}
+	c.health.degradedCause = cause.Error()
+	kept := len(c.backlog)
+	c.mu.Unlock()
+	cl.PauseFetchPartitions(pause)
+	c.metrics.Degraded.Set(1)
+	c.metrics.ConsumeErrors.Inc()
+	if first || retryIn == c.cfg.RetryCap {
+		c.log.WarnContext(ctx, "consumer degraded: the database failed; records kept, partitions paused, retrying with backoff",
+			slog.String("error", cause.Error()), slog.Int("records_kept", kept), slog.Duration("retry_in", retryIn))
+	}
+}
+
+// recover resumes every paused partition once the backlog is empty.
+func (c *Consumer) recover(ctx context.Context, cl *kgo.Client) {
+	c.mu.Lock()
+	was := c.health.degradedSince
+	c.health.degradedSince, c.health.degradedCause = time.Time{}, ""
+	c.mu.Unlock()
+	if paused := cl.PauseFetchPartitions(nil); len(paused) > 0 {
+		cl.ResumeFetchPartitions(paused)
+	}
+	if !was.IsZero() {
+		c.metrics.Degraded.Set(0)
+		c.log.InfoContext(ctx, "consumer recovered: the records kept are processed; partitions resumed",
+			slog.Duration("degraded_for", time.Since(was).Round(time.Millisecond)))
+	}
 }
 
 // batchItem is one record of a committed batch and what became of it.
@@ -206,69 +367,70 @@ type batchItem struct {
 	event inbox.Event
 	res   inbox.Result
 	// parked is why a record that could not be decoded was parked in the
-	// batch's transaction; nil for a record that went through the inbox.
-	parked *inbox.Record
+	// batch's transaction; empty for a record that went through the inbox.
+	parked string
 	stored bool // the parking stored a new row (not a redelivered one)
 }
 
 // processBatch applies recs in one local transaction and then, record by
 // record and only after the commit, reports each one (metrics, logs) and
-// marks its offset. If the transaction fails, nothing of it is kept (V4
-// holds for the whole batch) and the records are applied again one
-// transaction each, with the per-record retry and parking rules. That
-// fallback is what keeps one poison record from rolling back its
-// neighbours forever; it costs one slow batch, not a blocked partition.
-func (c *Consumer) processBatch(ctx context.Context, recs []*kgo.Record) error {
+// marks its offset. If the transaction fails for a reason of a record, or
+// of none in particular, nothing of it is kept (V4 holds for the whole
+// batch) and the records are applied again one transaction each, with the
+// per-record retry and parking rules. That fallback is what keeps one
+// poison record from rolling back its neighbours forever; it costs one
+// slow batch, not a blocked partition. An infrastructure failure is
+// returned as it is, with the number of leading records handled.
+func (c *Consumer) processBatch(ctx context.Context, recs []*kgo.Record) (done int, err error) {
 	if len(recs) == 1 {
-		return c.processWithRetry(ctx, recs[0], nil)
+		if err := c.processWithRetry(ctx, recs[0], nil); err != nil {
+			return 0, err
+		}
+		return 1, nil
 	}
 	// Like a single record's, the batch's transaction is not cancelled by
 	// shutdown: it is short, and finishing it lets its offsets be
 	// committed. A batch that outlives the deadline fails with a transient
-	// error and falls back to records, each with a deadline of its own.
+	// error and is retried.
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	items, failed, err := c.applyBatch(tctx, recs)
-	if err != nil {
-		return c.fallback(ctx, recs, failed, err)
-	}
-	for _, it := range items {
-		if err := c.finish(tctx, it); err != nil {
-			return err
+	switch {
+	case err == nil:
+		for i, it := range items {
+			if err := c.finish(tctx, it); err != nil {
+				return i, err
+			}
 		}
+		return len(recs), nil
+	case inbox.IsTransient(err):
+		return 0, err
 	}
-	return nil
-}
-
-// fallback applies the records of a failed batch one transaction each.
-// The record that failed the batch has spent its first attempt there, so a
-// record that keeps failing is still parked after MaxApplyAttempts
-// attempts in all. A failure that belongs to no record (begin, commit) is
-// counted once; a poison record is parked by its own attempt, as always.
-func (c *Consumer) fallback(ctx context.Context, recs []*kgo.Record, failed int, cause error) error {
-	attrs := []any{slog.Int("batch_size", len(recs)), slog.String("error", cause.Error())}
+	attrs := []any{slog.Int("batch_size", len(recs)), slog.String("error", err.Error())}
 	if failed >= 0 {
 		r := recs[failed]
 		attrs = append(attrs, slog.String("topic", r.Topic), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset))
-	} else {
-		c.metrics.ConsumeErrors.Inc()
 	}
 	c.log.WarnContext(ctx, "batch transaction rolled back; applying its records one transaction each", attrs...)
+	// The record that failed the batch has spent its first attempt there,
+	// so a record that keeps failing is still parked after
+	// MaxApplyAttempts attempts in all.
 	for i, r := range recs {
 		var prior error
-		if i == failed && !parkable(cause) {
-			prior = cause
+		if i == failed && !parkable(err) {
+			prior = err
 		}
-		if err := c.processWithRetry(ctx, r, prior); err != nil {
-			return err
+		if perr := c.processWithRetry(ctx, r, prior); perr != nil {
+			return i, perr
 		}
 	}
-	return nil
+	return len(recs), nil
 }
 
 // applyBatch runs recs, in order, through the inbox in one local
 // transaction. Each Process call sees the writes of the earlier ones, so
 // two events of one aggregate in a batch behave as in two transactions.
+// A record that cannot be decoded is parked in the same transaction.
 // Nothing is reported here: the caller does that once the transaction has
 // committed. On failure everything is rolled back, and failed is the index
 // of the record being processed, or -1 when the failure was no record's
@@ -276,19 +438,19 @@ func (c *Consumer) fallback(ctx context.Context, recs []*kgo.Record, failed int,
 func (c *Consumer) applyBatch(ctx context.Context, recs []*kgo.Record) (items []batchItem, failed int, err error) {
 	failed = -1
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		items = items[:0]
 		for i, r := range recs {
 			e, derr := DecodeRecord(r)
-			if errors.Is(derr, errPoison) {
-				rec := parkedRecord(r, derr)
-				stored, err := inbox.ParkRecord(ctx, tx, rec)
+			if parkable(derr) {
+				stored, err := inbox.ParkRecord(ctx, tx, r, derr.Error())
 				if err != nil {
 					failed = i
 					return err
 				}
-				items = append(items, batchItem{rec: r, event: e, parked: &rec, stored: stored})
+				items = append(items, batchItem{rec: r, event: e, parked: derr.Error(), stored: stored})
 				continue
 			}
-			res, err := c.inbox.Process(ctx, tx, e, c.proj.Apply)
+			res, err := c.inbox.Process(ctx, tx, e)
 			if err != nil {
 				failed = i
 				return err
@@ -310,12 +472,12 @@ func parkable(err error) bool {
 }
 
 // processWithRetry handles one record in a transaction of its own until it
-// is processed or parked. An infrastructure failure (the database is down,
-// a deadlock) is retried with backoff and blocks the partition, because
-// skipping the record would lose it; any other failure is retried
-// MaxApplyAttempts times and then parked. A non-nil prior is the outcome of
-// the record's first attempt, made in a batch that failed on it. It
-// returns early only when the consumer is stopping.
+// is processed or parked. A failure that retrying cannot fix is retried
+// MaxApplyAttempts times and then parked. An infrastructure failure (the
+// database is down, a deadlock) is returned at once: the caller keeps the
+// record and waits it out without blocking the group. A non-nil prior is
+// the outcome of the record's first attempt, made in a batch that failed on
+// it.
 func (c *Consumer) processWithRetry(ctx context.Context, r *kgo.Record, prior error) error {
 	delay := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
@@ -323,47 +485,37 @@ func (c *Consumer) processWithRetry(ctx context.Context, r *kgo.Record, prior er
 		if attempt > 1 || prior == nil {
 			err = c.process(ctx, r)
 		}
-		if err == nil {
-			return nil
-		}
-		if errors.Is(err, errCrashed) {
+		if err == nil || errors.Is(err, errCrashed) || inbox.IsTransient(err) {
 			return err
 		}
 		c.metrics.ConsumeErrors.Inc()
 		c.log.ErrorContext(ctx, "processing record failed; retrying", slog.String("topic", r.Topic), slog.Int("partition", int(r.Partition)),
 			slog.Int64("offset", r.Offset), slog.Int("attempt", attempt), slog.String("error", err.Error()))
-		if attempt >= c.cfg.MaxApplyAttempts && !transient(err) {
+		if attempt >= c.cfg.MaxApplyAttempts {
 			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-			e, _ := DecodeRecord(r)
-			perr := c.park(pctx, r, e, fmt.Errorf("processing failed %d times: %w", attempt, err))
-			cancel()
-			if perr == nil {
-				return nil
-			}
-			err = perr
+			defer cancel()
+			return c.park(pctx, r, fmt.Errorf("processing failed %d times: %w", attempt, err))
 		}
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(delay):
 		}
-		delay = min(delay*2, 10*time.Second)
+		delay = min(delay*2, 2*time.Second)
 	}
 }
 
 // process handles one record: decode, then one local transaction through
-// the inbox, then the offset is marked for commit.
+// the inbox (or parking), then the offset is marked for commit.
 func (c *Consumer) process(ctx context.Context, r *kgo.Record) error {
 	// The local transaction is not cancelled by shutdown: it is short, and
 	// finishing it lets its offset be committed before we leave.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-
 	items, _, err := c.applyBatch(ctx, []*kgo.Record{r})
 	switch {
 	case parkable(err):
-		e, _ := DecodeRecord(r)
-		return c.park(ctx, r, e, err)
+		return c.park(ctx, r, err)
 	case err != nil:
 		return err
 	}
@@ -375,8 +527,8 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) error {
 // that may still roll back.
 func (c *Consumer) finish(ctx context.Context, it batchItem) error {
 	r, e, res := it.rec, it.event, it.res
-	if it.parked != nil {
-		c.reportParked(ctx, r, e, *it.parked, it.stored)
+	if it.parked != "" {
+		c.reportParked(ctx, r, it.parked, it.stored)
 		return nil
 	}
 	c.inbox.Observe(res)
@@ -394,8 +546,8 @@ func (c *Consumer) finish(ctx context.Context, it batchItem) error {
 		c.metrics.ConsumeLatency.WithLabelValues(a.Type).Observe(max(now.Sub(a.Time).Seconds(), 0))
 	}
 	switch res.Outcome {
-	case inbox.Applied:
-		log.InfoContext(ctx, "event applied", slog.Int("applied_with_held", len(res.Applied)))
+	case inbox.Applied, inbox.Covered:
+		log.InfoContext(ctx, "event "+string(res.Outcome), slog.Int("applied_with_held", len(res.Applied)))
 		c.onApplied()
 	case inbox.Duplicate:
 		// Redelivery returns the existing result: say what became of the
@@ -410,21 +562,6 @@ func (c *Consumer) finish(ctx context.Context, it batchItem) error {
 	return nil
 }
 
-// transient reports whether err comes from the infrastructure rather than
-// from the record: such errors are retried for as long as it takes.
-func transient(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code[:2] {
-		case "08", "40", "53", "57", "58": // connection, rollback (deadlock, serialization), resources, shutdown, system
-			return true
-		}
-		return pgErr.Code == "55P03" // lock_not_available
-	}
-	var netErr net.Error
-	return errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || pgconn.SafeToRetry(err)
-}
-
 func (c *Consumer) ledgerState(ctx context.Context, e inbox.Event) (string, bool) {
 	row, err := notifydb.New(c.pool).EmailSendGet(ctx, OperationKey(e.ID))
 	return row.State, err == nil
@@ -432,37 +569,22 @@ func (c *Consumer) ledgerState(ctx context.Context, e inbox.Event) (string, bool
 
 // park stores a poison record in a transaction of its own and marks its
 // offset (C6).
-func (c *Consumer) park(ctx context.Context, r *kgo.Record, e inbox.Event, reason error) error {
-	rec := parkedRecord(r, reason)
-	stored, err := inbox.ParkRecord(ctx, c.pool, rec)
+func (c *Consumer) park(ctx context.Context, r *kgo.Record, reason error) error {
+	stored, err := inbox.ParkRecord(ctx, c.pool, r, reason.Error())
 	if err != nil {
 		return err
 	}
-	c.reportParked(ctx, r, e, rec, stored)
+	c.reportParked(ctx, r, reason.Error(), stored)
 	return nil
 }
 
-func parkedRecord(r *kgo.Record, reason error) inbox.Record {
-	rec := inbox.Record{Source: r.Topic, Partition: r.Partition, Offset: r.Offset, Key: r.Key, Value: r.Value, Reason: reason.Error()}
-	for _, h := range r.Headers {
-		rec.Headers = append(rec.Headers, inbox.NewHeader(h.Key, h.Value))
-		if h.Key == hdrID {
-			rec.EventID = string(h.Value)
-		}
-	}
-	return rec
-}
-
-// reportParked counts and logs a parked record once its parking has
-// committed, and marks its offset.
-func (c *Consumer) reportParked(ctx context.Context, r *kgo.Record, e inbox.Event, rec inbox.Record, stored bool) {
-	if stored {
-		c.metrics.ParkedRecords.Inc()
-	}
+// reportParked logs a parked record once its parking has committed, and
+// marks its offset. Its identifiers are logged only as the parked row
+// stores them: the record may hold any bytes.
+func (c *Consumer) reportParked(ctx context.Context, r *kgo.Record, reason string, stored bool) {
 	c.log.ErrorContext(ctx, "poison record parked; its offset will be committed",
 		slog.String("topic", r.Topic), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset),
-		slog.String("event_id", rec.EventID), slog.String("aggregate_id", e.AggregateID),
-		slog.Int64("aggregate_version", e.AggregateVersion), slog.String("reason", rec.Reason))
+		slog.Bool("new", stored), slog.String("reason", reason))
 	c.markDone(r)
 }
 
@@ -523,21 +645,34 @@ func (c *Consumer) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[st
 		}
 		return false
 	})
-	c.forget(revoked)
+	c.forget(cl, revoked)
 }
 
 // onLost drops the bookkeeping of partitions lost without a chance to
 // commit; their next owner redelivers, and the inbox absorbs it.
-func (c *Consumer) onLost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
-	c.forget(lost)
+func (c *Consumer) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
+	for _, ps := range lost {
+		c.metrics.PartitionsLost.Add(float64(len(ps)))
+	}
+	c.forget(cl, lost)
 }
 
-func (c *Consumer) forget(parts map[string][]int32) {
+// forget drops everything held for partitions this member no longer owns:
+// marked offsets and kept records (their next owner reads them again from
+// the committed offset). Their pause is lifted, so that if they come back
+// they are fetched again.
+func (c *Consumer) forget(cl *kgo.Client, parts map[string][]int32) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	gone := map[topicPartition]bool{}
 	for t, ps := range parts {
 		for _, p := range ps {
-			delete(c.done, topicPartition{t, p})
+			tp := topicPartition{t, p}
+			gone[tp] = true
+			delete(c.done, tp)
+			delete(c.health.lastCommit, tp)
 		}
 	}
+	c.backlog = slices.DeleteFunc(c.backlog, func(r *kgo.Record) bool { return gone[topicPartition{r.Topic, r.Partition}] })
+	c.mu.Unlock()
+	cl.ResumeFetchPartitions(parts)
 }

@@ -37,26 +37,57 @@ const (
 	StateSent    = "sent"
 	StateUnknown = "unknown"
 	StateFailed  = "failed"
+	StateSkipped = "skipped"
 )
 
-// emailIntent is an email the notifier has decided to send.
+// emailIntent is an email the notifier owes for one event.
 type emailIntent struct {
-	EventID   uuid.UUID
-	OrderID   uuid.UUID
-	EventType string
-	Recipient string
-	Subject   string
-	Body      string
+	EventID          uuid.UUID
+	OrderID          uuid.UUID
+	EventType        string
+	AggregateVersion int64
+	EventTime        time.Time
+	Recipient        string
+	Subject          string
+	Body             string
+	// SkipReason, when set, records the email as skipped instead of
+	// pending: the event is accounted for, and nothing will be sent.
+	SkipReason string
 }
 
-// enqueueEmail writes the intent as a pending ledger row in the caller's
+// Skip reasons of the send ledger (skip_reason).
+const (
+	SkipStale    = "stale"     // older than EMAIL_MAX_AGE when it could first be sent
+	SkipConflict = "conflict"  // another event owns the order version
+	SkipNotFound = "not_found" // the orders service does not know the order
+)
+
+// enqueueEmail writes the intent as one ledger row in the caller's
 // transaction. If the row exists (the event came back), the existing row
 // and its state are returned unchanged: redelivery returns the original
-// result rather than a second email.
+// result rather than a second email. An email written after one for a
+// later version of the same order (the event arrived late, after a resync)
+// says so in its subject and first lines, with the event's time.
 func enqueueEmail(ctx context.Context, q *notifydb.Queries, m emailIntent) (notifydb.EmailSend, error) {
+	if m.SkipReason == "" {
+		later, err := q.EmailSendLaterExists(ctx, notifydb.EmailSendLaterExistsParams{OrderID: m.OrderID, AggregateVersion: &m.AggregateVersion})
+		if err != nil {
+			return notifydb.EmailSend{}, fmt.Errorf("look for a later email: %w", err)
+		}
+		if later {
+			m.Subject = "Update: " + m.Subject
+			m.Body = fmt.Sprintf("This update arrives late: it happened on %s, before an update about this order that you may already have received.\n\n",
+				m.EventTime.UTC().Format("2 January 2006 at 15:04 UTC")) + m.Body
+		}
+	}
+	var skip *string
+	if m.SkipReason != "" {
+		skip = &m.SkipReason
+	}
 	row, err := q.EmailSendInsert(ctx, notifydb.EmailSendInsertParams{
 		OperationKey: OperationKey(m.EventID), EventID: m.EventID, MessageID: MessageID(m.EventID),
-		OrderID: m.OrderID, EventType: m.EventType, Recipient: m.Recipient, Subject: m.Subject, Body: m.Body,
+		OrderID: m.OrderID, EventType: m.EventType, AggregateVersion: &m.AggregateVersion, EventTime: &m.EventTime,
+		Recipient: m.Recipient, Subject: m.Subject, Body: m.Body, SkipReason: skip,
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		row, err = q.EmailSendGet(ctx, OperationKey(m.EventID))

@@ -4,13 +4,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"mime"
 	"net/mail"
-	"strconv"
 	"strings"
-	"time"
+	"unicode"
+	"unicode/utf8"
 
-	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/internal/inbox"
@@ -92,6 +90,7 @@ func parsePayload(e inbox.Event) (any, error) {
 		orderID  *string
 		email    *string
 		required []string
+		texts    []string // what ends up in the projection or an email
 	)
 	switch e.Type {
 	case TypePlaced:
@@ -103,18 +102,24 @@ func parsePayload(e inbox.Event) (any, error) {
 		if v.Currency == "" || v.TotalCents == nil {
 			required = append(required, "currency, total_cents")
 		}
+		texts = append(texts, v.Currency)
+		for _, it := range v.Items {
+			texts = append(texts, it.SKU)
+		}
 	case TypePaid:
 		v := &paidPayload{}
 		p, orderID, email = v, &v.OrderID, &v.Email
 		if err := json.Unmarshal(e.Payload, v); err != nil {
 			return nil, poison("payload is not a %s object: %v", e.Type, err)
 		}
+		texts = append(texts, v.Currency)
 	case TypeCancelled:
 		v := &cancelledPayload{}
 		p, orderID, email = v, &v.OrderID, &v.Email
 		if err := json.Unmarshal(e.Payload, v); err != nil {
 			return nil, poison("payload is not a %s object: %v", e.Type, err)
 		}
+		texts = append(texts, v.PreviousStatus)
 	case TypeRefundRequested:
 		v := &refundRequestedPayload{}
 		p, orderID = v, &v.OrderID
@@ -124,6 +129,7 @@ func parsePayload(e inbox.Event) (any, error) {
 		if v.AmountCents == nil {
 			required = append(required, "amount_cents")
 		}
+		texts = append(texts, v.Currency)
 	case TypeShipped:
 		v := &shippedPayload{}
 		p, orderID, email = v, &v.OrderID, &v.Email
@@ -139,9 +145,16 @@ func parsePayload(e inbox.Event) (any, error) {
 	if *orderID != e.AggregateID {
 		return nil, poison("payload order_id %q does not match the aggregate id %q", *orderID, e.AggregateID)
 	}
+	for _, t := range texts {
+		if !printable(t) {
+			// JSON may carry any code point (\u0000 included); a text column,
+			// an email header or body must not.
+			return nil, poison("%s payload holds a field that is not printable text of at most %d bytes", e.Type, maxFieldBytes)
+		}
+	}
 	if email != nil {
 		addr, err := mail.ParseAddress(*email)
-		if err != nil || addr.Name != "" {
+		if err != nil || addr.Name != "" || !printable(addr.Address) || addr.Address == "" {
 			// Never guess a recipient: a malformed address here would
 			// otherwise surface as a permanent SMTP failure much later.
 			return nil, poison("%s payload has no valid email address", e.Type)
@@ -151,68 +164,29 @@ func parsePayload(e inbox.Event) (any, error) {
 	return p, nil
 }
 
-// CloudEvents binary-mode header names (R7).
-const (
-	hdrSpecVersion      = "ce_specversion"
-	hdrID               = "ce_id"
-	hdrType             = "ce_type"
-	hdrSubject          = "ce_subject"
-	hdrTime             = "ce_time"
-	hdrAggregateType    = "ce_aggregatetype"
-	hdrAggregateVersion = "ce_aggregateversion"
-	hdrSchemaVersion    = "ce_schemaversion"
-	hdrContentType      = "content-type"
-)
+// maxFieldBytes bounds one text field of a payload.
+const maxFieldBytes = 256
 
-// DecodeRecord turns a Kafka record in the orders relay's CloudEvents
-// binary format into an inbox event. An error wrapping errPoison means the
+// printable reports whether s is valid UTF-8 without control characters
+// and at most maxFieldBytes long (empty is fine: required fields are
+// checked on their own).
+func printable(s string) bool {
+	return len(s) <= maxFieldBytes && utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0
+}
+
+// DecodeRecord turns a Kafka record of the orders topic into an inbox
+// event. The record format is the outbox's CloudEvents binding, decoded and
+// checked by the inbox; this adds what is specific to orders: the
+// aggregate type, the schema versions this code reads, and a payload that
+// parses. An error wrapping errPoison or inbox.ErrInvalidEvent means the
 // record can never be processed and must be parked.
 func DecodeRecord(r *kgo.Record) (inbox.Event, error) {
-	h := make(map[string]string, len(r.Headers))
-	for _, kv := range r.Headers {
-		h[strings.ToLower(kv.Key)] = string(kv.Value)
-	}
-	if v := h[hdrSpecVersion]; v != "1.0" {
-		return inbox.Event{}, poison("ce_specversion %q is not 1.0", v)
-	}
-	id, err := uuid.Parse(h[hdrID])
+	e, err := inbox.DecodeRecord(r)
 	if err != nil {
-		return inbox.Event{}, poison("ce_id %q is not a UUID", h[hdrID])
-	}
-	e := inbox.Event{ID: id, Type: h[hdrType], AggregateType: h[hdrAggregateType], Payload: r.Value}
-	if e.Type == "" {
-		return e, poison("ce_type is missing")
+		return inbox.Event{}, err
 	}
 	if e.AggregateType != AggregateType {
 		return e, poison("ce_aggregatetype %q is not %q", e.AggregateType, AggregateType)
-	}
-	e.AggregateID = string(r.Key)
-	if e.AggregateID == "" {
-		e.AggregateID = h[hdrSubject]
-	}
-	if e.AggregateID == "" || (h[hdrSubject] != "" && h[hdrSubject] != e.AggregateID) {
-		return e, poison("record key %q and ce_subject %q do not name one aggregate", r.Key, h[hdrSubject])
-	}
-	if e.AggregateVersion, err = strconv.ParseInt(h[hdrAggregateVersion], 10, 64); err != nil || e.AggregateVersion < 1 {
-		return e, poison("ce_aggregateversion %q is not a positive integer", h[hdrAggregateVersion])
-	}
-	sv, err := strconv.Atoi(h[hdrSchemaVersion])
-	if err != nil || sv < 1 {
-		return e, poison("ce_schemaversion %q is not a positive integer", h[hdrSchemaVersion])
-	}
-	e.SchemaVersion = sv
-	switch t := h[hdrTime]; {
-	case t == "":
-		e.Time = r.Timestamp
-	default:
-		if e.Time, err = time.Parse(time.RFC3339Nano, t); err != nil {
-			return e, poison("ce_time %q is not RFC 3339", t)
-		}
-	}
-	if ct := h[hdrContentType]; ct != "" {
-		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			return e, poison("content-type %q is not application/json", ct)
-		}
 	}
 	if !isKnownType(e.Type) {
 		// An event type added after this code was written still takes a

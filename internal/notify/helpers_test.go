@@ -23,6 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify/notifydb"
 	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/pgtest"
@@ -63,6 +64,16 @@ func newEnv(t *testing.T) *env {
 		group: "notifier-" + uuid.NewString()[:8], partitions: map[string]int32{}}
 }
 
+// newInbox is an inbox over the env's database that applies events with
+// proj, for tests that drive it without a consumer.
+func newInbox(t *testing.T, e *env, proj *Projector) *inbox.Inbox {
+	t.Helper()
+	ib, err := inbox.New(inbox.Config{Pool: e.pool, Apply: proj.Apply, Covered: proj.Covered, Rejected: proj.Rejected,
+		GapWindow: time.Minute, Logger: slog.New(slog.DiscardHandler)})
+	require.NoError(t, err)
+	return ib
+}
+
 // service is one running notifier instance.
 type service struct {
 	*Service
@@ -98,7 +109,7 @@ func (e *env) startWith(prepare func(*Service), opts ...svcOpt) *service {
 			ExtraOpts:      []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond), kgo.HeartbeatInterval(500 * time.Millisecond)},
 		},
 		Sender: SenderConfig{
-			From: "orders@shop.test", Owner: "test", Policy: PolicyHold, BatchSize: 10,
+			From: "orders@shop.test", Owner: "test", Policy: PolicyHold,
 			PollInterval: 50 * time.Millisecond, SendingTimeout: time.Minute, MaxAttempts: 5,
 			BackoffBase: 20 * time.Millisecond, BackoffCap: 100 * time.Millisecond,
 		},

@@ -12,6 +12,7 @@ const (
 	ResultTransient = "transient_error" // retried with backoff
 	ResultUnknown   = "unknown"         // outcome lost: connection dropped after DATA, or a sender died mid-send
 	ResultFailed    = "failed"          // parked: permanent refusal or attempts exhausted
+	ResultSkipped   = "skipped"         // never sent: the event was older than EMAIL_MAX_AGE before it could be
 )
 
 // Metrics are the notifier's Prometheus collectors (O1). The inbox
@@ -28,15 +29,25 @@ type Metrics struct {
 	// UnknownPolicy is 1 for the configured EMAIL_UNKNOWN_POLICY
 	// (notifier_email_unknown_policy).
 	UnknownPolicy *prometheus.GaugeVec
-	// ParkedRecords is the number of poison records parked (C6)
-	// (notifier_parked_records).
-	ParkedRecords prometheus.Gauge
 	// ConsumeLatency is the time from the event's ce_time to its business
 	// change being committed (notifier_consume_latency_seconds).
 	ConsumeLatency *prometheus.HistogramVec
 	// ConsumerLag is, per partition, how many records the broker holds
-	// beyond the last one this instance fetched (notifier_consumer_lag).
+	// beyond the group's committed offset, read from the broker's end
+	// offsets on an interval, so it grows while nothing is fetched
+	// (notifier_consumer_lag).
 	ConsumerLag *prometheus.GaugeVec
+	// StalledPartitions counts partitions with a lag whose committed offset
+	// has not moved for the stall threshold (notifier_consumer_stalled_partitions).
+	StalledPartitions prometheus.Gauge
+	// Degraded is 1 while the consumer waits out an infrastructure failure
+	// (the database unreachable) with its partitions paused
+	// (notifier_consumer_degraded).
+	Degraded prometheus.Gauge
+	// PartitionsLost counts partitions taken away from this member without
+	// a chance to commit, for example after it missed the rebalance timeout
+	// (notifier_partitions_lost_total).
+	PartitionsLost prometheus.Counter
 	// ConsumeErrors counts failed attempts to process a record; each is
 	// retried (notifier_consume_errors_total).
 	ConsumeErrors prometheus.Counter
@@ -47,7 +58,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		Emails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "notifier_emails_total",
-			Help: "Email send attempts by result: sent, transient_error, unknown, failed.",
+			Help: "Email outcomes by result: sent, transient_error, unknown, failed, and skipped (older than EMAIL_MAX_AGE).",
 		}, []string{"result"}),
 		Resends: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "notifier_email_resends_total",
@@ -61,10 +72,6 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "notifier_email_unknown_policy",
 			Help: "1 for the configured policy for emails whose outcome is unknown (hold or resend).",
 		}, []string{"policy"}),
-		ParkedRecords: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "notifier_parked_records",
-			Help: "Records parked because they could not be decoded or have an unsupported schema version.",
-		}),
 		ConsumeLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "notifier_consume_latency_seconds",
 			Help:    "Time from the event's ce_time (producer commit) to the notifier applying it.",
@@ -72,22 +79,35 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"event_type"}),
 		ConsumerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "notifier_consumer_lag",
-			Help: "Records on the broker beyond the last one fetched, per partition.",
+			Help: "Records on the broker beyond the group's committed offset, per partition, from the broker's end offsets.",
 		}, []string{"topic", "partition"}),
+		StalledPartitions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_consumer_stalled_partitions",
+			Help: "Partitions with a lag whose committed offset has not moved for the stall threshold.",
+		}),
+		Degraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "notifier_consumer_degraded",
+			Help: "1 while the consumer waits out an infrastructure failure with its partitions paused, else 0.",
+		}),
+		PartitionsLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "notifier_partitions_lost_total",
+			Help: "Partitions lost without a chance to commit (for example after missing the rebalance timeout).",
+		}),
 		ConsumeErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "notifier_consume_errors_total",
 			Help: "Failed attempts to process a record (each is retried).",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.Emails, m.Resends, m.Ledger, m.UnknownPolicy, m.ParkedRecords, m.ConsumeLatency, m.ConsumerLag, m.ConsumeErrors} {
+	for _, c := range []prometheus.Collector{m.Emails, m.Resends, m.Ledger, m.UnknownPolicy, m.ConsumeLatency, m.ConsumerLag,
+		m.StalledPartitions, m.Degraded, m.PartitionsLost, m.ConsumeErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register notifier metrics: %w", err)
 		}
 	}
-	for _, r := range []string{ResultSent, ResultTransient, ResultUnknown, ResultFailed} {
+	for _, r := range []string{ResultSent, ResultTransient, ResultUnknown, ResultFailed, ResultSkipped} {
 		m.Emails.WithLabelValues(r)
 	}
-	for _, s := range []string{StatePending, StateSending, StateSent, StateUnknown, StateFailed} {
+	for _, s := range []string{StatePending, StateSending, StateSent, StateUnknown, StateFailed, StateSkipped} {
 		m.Ledger.WithLabelValues(s)
 	}
 	return m, nil

@@ -42,6 +42,9 @@ type Config struct {
 	ProcessedEventTTL time.Duration
 	CleanupInterval   time.Duration
 	CleanupBatch      int
+	// CleanupPause is the wait between two cleanup batches, so a large
+	// backlog of expired rows is removed without a burst of I/O.
+	CleanupPause time.Duration
 	// StatsInterval is how often gauges are refreshed from the database.
 	StatsInterval time.Duration
 	Registerer    prometheus.Registerer
@@ -79,19 +82,31 @@ func NewService(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	case cfg.ProcessedEventTTL <= 0 || cfg.CleanupBatch <= 0:
 		return nil, errors.New("notify: processed_event TTL and cleanup batch must be positive")
 	}
-	ib, err := inbox.New(inbox.Config{GapWindow: cfg.GapWindow, ResyncRetry: cfg.GapWindow, Registerer: cfg.Registerer, Logger: cfg.Logger})
-	if err != nil {
-		return nil, err
-	}
-	ib.Metrics().InitEventTypes(EventTypes...)
 	m, err := NewMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, pool: pool, log: cfg.Logger, Inbox: ib, Metrics: m}
+	s := &Service{cfg: cfg, pool: pool, log: cfg.Logger, Metrics: m}
 	s.Projector = NewProjector(cfg.Logger)
+	ib, err := inbox.New(inbox.Config{
+		Pool:          pool,
+		Apply:         s.Projector.Apply,
+		Covered:       s.Projector.Covered,
+		Rejected:      s.Projector.Rejected,
+		Fetch:         cfg.Orders.Fetch,
+		ApplySnapshot: s.Projector.ApplySnapshot,
+		GapWindow:     cfg.GapWindow,
+		ResyncRetry:   cfg.GapWindow,
+		Registerer:    cfg.Registerer,
+		Logger:        cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ib.Metrics().InitEventTypes(EventTypes...)
+	s.Inbox = ib
 	s.Sender = NewSender(pool, cfg.Mailer, cfg.Sender, m, cfg.Logger)
-	s.Consumer = NewConsumer(cfg.Consumer, pool, ib, s.Projector, m, cfg.Logger, s.Sender.Nudge)
+	s.Consumer = NewConsumer(cfg.Consumer, pool, ib, m, cfg.Logger, s.Sender.Nudge)
 	return s, nil
 }
 
@@ -124,7 +139,6 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) resyncLoop(ctx context.Context) {
-	rs := inbox.Resync{Fetch: s.cfg.Orders.Fetch, ApplySnapshot: s.Projector.ApplySnapshot, Apply: s.Projector.Apply}
 	t := time.NewTicker(s.cfg.ResyncInterval)
 	defer t.Stop()
 	for {
@@ -133,11 +147,11 @@ func (s *Service) resyncLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		applied, err := s.Inbox.ResyncDue(ctx, s.pool, rs, 100)
+		done, err := s.Inbox.ResyncDue(ctx, 100)
 		if err != nil && ctx.Err() == nil {
 			s.log.ErrorContext(ctx, "gap resync pass failed", slog.String("error", err.Error()))
 		}
-		if len(applied) > 0 {
+		if len(done) > 0 {
 			s.Sender.Nudge()
 		}
 	}
@@ -156,13 +170,13 @@ func (s *Service) maintenanceLoop(ctx context.Context) {
 		case <-stats.C:
 			s.refreshStats(ctx)
 		case <-cleanup.C:
-			n, err := s.Inbox.Cleanup(ctx, s.pool, s.cfg.ProcessedEventTTL, s.cfg.CleanupBatch)
+			n, err := s.Inbox.Cleanup(ctx, s.cfg.ProcessedEventTTL, s.cfg.CleanupBatch, s.cfg.CleanupPause)
 			if err != nil && ctx.Err() == nil {
 				s.log.ErrorContext(ctx, "processed_event cleanup failed", slog.String("error", err.Error()))
 			} else if n > 0 {
 				s.log.InfoContext(ctx, "processed_event cleanup", slog.Int64("deleted", n), slog.Duration("ttl", s.cfg.ProcessedEventTTL))
 			}
-			n, err = CleanupLedger(ctx, s.pool, s.cfg.ProcessedEventTTL, s.cfg.CleanupBatch)
+			n, err = CleanupLedger(ctx, s.pool, s.cfg.ProcessedEventTTL, s.cfg.CleanupBatch, s.cfg.CleanupPause)
 			if err != nil && ctx.Err() == nil {
 				s.log.ErrorContext(ctx, "email ledger cleanup failed", slog.String("error", err.Error()))
 			} else if n > 0 {
@@ -173,9 +187,8 @@ func (s *Service) maintenanceLoop(ctx context.Context) {
 }
 
 func (s *Service) refreshStats(ctx context.Context) {
-	st, err := s.Inbox.RefreshStats(ctx, s.pool)
+	_, err := s.Inbox.RefreshStats(ctx)
 	if err == nil {
-		s.Metrics.ParkedRecords.Set(float64(st.ParkedRecords))
 		err = RefreshLedgerStats(ctx, s.pool, s.Metrics)
 	}
 	if err != nil && ctx.Err() == nil {

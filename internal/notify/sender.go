@@ -1,18 +1,18 @@
 package notify
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify/notifydb"
 )
 
@@ -37,28 +37,30 @@ type SenderConfig struct {
 	Owner string
 	// Policy decides about unknown outcomes.
 	Policy UnknownPolicy
-	// BatchSize is how many rows one claim takes.
-	BatchSize int
 	// PollInterval is how often the ledger is checked without a nudge.
 	PollInterval time.Duration
 	// SendingTimeout is how long a row may stay 'sending' before it is
 	// presumed abandoned by a dead sender and becomes unknown. It must be
-	// at least twice the mailer's own timeout: a claimed row is started only
-	// within the first half of it, so a live send is never declared dead.
-	// Zero means five minutes.
+	// at least twice the mailer's own timeout, so a live send is never
+	// declared dead. Zero means five minutes.
 	SendingTimeout time.Duration
 	// MaxAttempts bounds the sends of one row; then it is failed (parked).
 	MaxAttempts int
 	// BackoffBase and BackoffCap bound the exponential retry delay.
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
+	// MaxAge skips, rather than sends, an email whose event is older than
+	// this when it could first be sent (EMAIL_MAX_AGE). Zero means 24h.
+	MaxAge time.Duration
 }
 
-// Sender is the send ledger's worker (C4): it claims pending rows in a short
-// transaction, sends each one outside any transaction, and records the
+// Sender is the send ledger's worker (C4): it claims one due row at a time
+// in a short transaction, sends it outside any transaction, and records the
 // result with an update fenced by the claim token. The ledger write that
-// created the row and the send are therefore never in one transaction,
-// and a crash at any point leaves a row that says what is known.
+// created the row and the send are therefore never in one transaction, a
+// crash at any point leaves a row that says what is known, and since a row
+// is claimed only when its send begins, a crash leaves at most one row in
+// 'sending' for the stuck-send sweep to call unknown.
 type Sender struct {
 	pool    *pgxpool.Pool
 	mailer  Mailer
@@ -70,9 +72,6 @@ type Sender struct {
 
 // NewSender returns a Sender.
 func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, log *slog.Logger) *Sender {
-	if cfg.BatchSize <= 0 {
-		cfg.BatchSize = 10
-	}
 	if cfg.Owner == "" {
 		cfg.Owner = "notifier"
 	}
@@ -87,6 +86,9 @@ func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, 
 	}
 	if cfg.BackoffBase <= 0 {
 		cfg.BackoffBase = time.Second
+	}
+	if cfg.MaxAge <= 0 {
+		cfg.MaxAge = 24 * time.Hour
 	}
 	cfg.BackoffCap = max(cfg.BackoffCap, cfg.BackoffBase)
 	if log == nil {
@@ -106,26 +108,13 @@ func (s *Sender) Nudge() {
 }
 
 // Run sends until ctx is cancelled. A send in progress when ctx ends is
-// finished (it is bounded by the mailer's timeout); claimed rows not yet
-// started are released.
+// finished (it is bounded by the mailer's timeout) and its result recorded.
 func (s *Sender) Run(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.PollInterval)
 	defer t.Stop()
 	for {
-		if err := s.sweepStuck(ctx); err != nil && ctx.Err() == nil {
-			s.log.ErrorContext(ctx, "email sender: sweep of stuck sends failed", slog.String("error", err.Error()))
-		}
-		for ctx.Err() == nil {
-			n, err := s.RunOnce(ctx)
-			if err != nil {
-				if ctx.Err() == nil {
-					s.log.ErrorContext(ctx, "email sender: claim failed", slog.String("error", err.Error()))
-				}
-				break
-			}
-			if n < s.cfg.BatchSize {
-				break
-			}
+		if _, err := s.RunOnce(ctx); err != nil && ctx.Err() == nil {
+			s.log.ErrorContext(ctx, "email sender: pass failed; retrying at the next poll", slog.String("error", err.Error()))
 		}
 		select {
 		case <-ctx.Done():
@@ -136,53 +125,61 @@ func (s *Sender) Run(ctx context.Context) error {
 	}
 }
 
-// RunOnce claims one batch of due rows and sends them. It returns how many
-// rows it claimed.
+// RunOnce does one pass over the ledger: it turns abandoned sends into
+// unknown, skips emails that became stale before they could be sent, then
+// sends due rows one claim at a time until none is due or ctx ends. It
+// returns how many rows it sent (whatever their outcome).
 func (s *Sender) RunOnce(ctx context.Context) (int, error) {
-	token := uuid.New()
-	// Taken before the claim, so it is never later than the claim's
-	// sending_since, from which the stuck sweep counts.
-	claimedAt := time.Now()
-	if ctx.Err() != nil {
-		return 0, nil
+	if err := s.sweepStuck(ctx); err != nil {
+		return 0, err
 	}
+	if err := s.skipStale(ctx); err != nil {
+		return 0, err
+	}
+	n := 0
+	for ctx.Err() == nil {
+		sent, err := s.sendNext(ctx)
+		if err != nil {
+			return n, err
+		}
+		if !sent {
+			break
+		}
+		n++
+	}
+	return n, nil
+}
+
+// sendNext claims one due row and sends it. It reports false when nothing
+// was due.
+func (s *Sender) sendNext(ctx context.Context) (bool, error) {
+	token := uuid.New()
 	// The claim does not follow ctx: cancelled mid-statement, pgx would
 	// drop the connection without knowing whether the server committed, and
 	// a committed claim would be left 'sending' with no sender, to become
-	// 'unknown' later although nothing was sent. Once it returns, the loop
-	// below gives the rows back if the sender is stopping.
+	// 'unknown' later although nothing was sent. Once it returns, a
+	// stopping sender gives the row back instead of starting the send.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	rows, err := notifydb.New(s.pool).EmailSendClaim(cctx, notifydb.EmailSendClaimParams{
+	row, err := notifydb.New(s.pool).EmailSendClaimOne(cctx, notifydb.EmailSendClaimOneParams{
 		ClaimToken: token, ClaimedBy: s.cfg.Owner, ResendUnknown: s.cfg.Policy == PolicyResend,
-		MaxAttempts: int32(s.cfg.MaxAttempts), BatchSize: int32(s.cfg.BatchSize),
+		MaxAttempts: int32(s.cfg.MaxAttempts),
 	})
-	if err != nil {
-		return 0, fmt.Errorf("claim emails: %w", err)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
 	}
-	// UPDATE ... RETURNING does not keep the subquery's order. Send in the
-	// order the intents were written, so one order's emails arrive in the
-	// order of its events when nothing fails (a retried email can still be
-	// overtaken: email has no ordering guarantee to keep).
-	slices.SortFunc(rows, func(a, b notifydb.EmailSend) int {
-		return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.OperationKey, b.OperationKey))
-	})
+	if err != nil {
+		return false, fmt.Errorf("claim email: %w", err)
+	}
+	bg := context.WithoutCancel(ctx)
+	if ctx.Err() != nil {
+		s.release(bg, token, row)
+		return false, nil
+	}
 	// Results are recorded even while stopping: a sent email must end up
 	// 'sent', never left for the sweep to call unknown.
-	// The rows of a batch are sent one after the other, but the sweep
-	// counts 'sending' from the claim for all of them. A row still waiting
-	// when half the sending timeout has passed is given back, not started:
-	// started later, a slow send could be declared unknown while it runs
-	// (and, under the resend policy, sent again by another instance).
-	bg := context.WithoutCancel(ctx)
-	for i, row := range rows {
-		if ctx.Err() != nil || time.Since(claimedAt) >= s.cfg.SendingTimeout/2 {
-			s.release(bg, token, rows[i:])
-			break
-		}
-		s.send(bg, token, row)
-	}
-	return len(rows), nil
+	s.send(bg, token, row)
+	return true, nil
 }
 
 func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSend) {
@@ -196,21 +193,24 @@ func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSe
 	reply, err := s.mailer.Send(ctx, s.cfg.From, row.Recipient, buildMessage(s.cfg.From, row))
 
 	q := notifydb.New(s.pool)
-	dbctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	var n int64
-	var dberr error
-	result := ResultSent
+	exhausted := int(row.Attempts) >= s.cfg.MaxAttempts
+	var result, want string
+	var update func(context.Context) (int64, error)
 	switch {
 	case err == nil:
-		n, dberr = q.EmailSendMarkSent(dbctx, notifydb.EmailSendMarkSentParams{SMTPReply: reply, OperationKey: row.OperationKey, ClaimToken: token})
+		result, want = ResultSent, StateSent
+		update = func(ctx context.Context) (int64, error) {
+			return q.EmailSendMarkSent(ctx, notifydb.EmailSendMarkSentParams{SMTPReply: reply, OperationKey: row.OperationKey, ClaimToken: token})
+		}
 		log.InfoContext(ctx, "email sent", slog.String("message_id", row.MessageID))
-	case errors.Is(err, ErrUnknownOutcome):
-		result = ResultUnknown
-		n, dberr = q.EmailSendMarkUnknown(dbctx, notifydb.EmailSendMarkUnknownParams{
-			BackoffSeconds: s.backoff(row.Attempts).Seconds(), ErrorClass: "unknown", LastError: err.Error(),
-			OperationKey: row.OperationKey, ClaimToken: token,
-		})
+	case errors.Is(err, ErrUnknownOutcome) && !(s.cfg.Policy == PolicyResend && exhausted):
+		result, want = ResultUnknown, StateUnknown
+		update = func(ctx context.Context) (int64, error) {
+			return q.EmailSendMarkUnknown(ctx, notifydb.EmailSendMarkUnknownParams{
+				BackoffSeconds: s.backoff(row.Attempts).Seconds(), ErrorClass: "unknown", LastError: err.Error(),
+				OperationKey: row.OperationKey, ClaimToken: token,
+			})
+		}
 		if s.cfg.Policy == PolicyHold {
 			log.ErrorContext(ctx, "email outcome unknown: held for an operator, not resent automatically (EMAIL_UNKNOWN_POLICY=hold)",
 				slog.String("error", err.Error()))
@@ -218,58 +218,119 @@ func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSe
 			log.WarnContext(ctx, "email outcome unknown: will resend with the same Message-ID (EMAIL_UNKNOWN_POLICY=resend)",
 				slog.String("error", err.Error()))
 		}
-	case errors.Is(err, ErrTransient) && int(row.Attempts) < s.cfg.MaxAttempts:
-		result = ResultTransient
+	case errors.Is(err, ErrTransient) && !exhausted:
+		result, want = ResultTransient, StatePending
 		delay := s.backoff(row.Attempts)
-		n, dberr = q.EmailSendMarkRetry(dbctx, notifydb.EmailSendMarkRetryParams{
-			BackoffSeconds: delay.Seconds(), ErrorClass: "transient", LastError: err.Error(),
-			OperationKey: row.OperationKey, ClaimToken: token,
-		})
+		update = func(ctx context.Context) (int64, error) {
+			return q.EmailSendMarkRetry(ctx, notifydb.EmailSendMarkRetryParams{
+				BackoffSeconds: delay.Seconds(), ErrorClass: "transient", LastError: err.Error(),
+				OperationKey: row.OperationKey, ClaimToken: token,
+			})
+		}
 		log.WarnContext(ctx, "email send failed transiently; will retry", slog.String("error", err.Error()), slog.Duration("retry_in", delay))
 	default:
-		result = ResultFailed
+		result, want = ResultFailed, StateFailed
 		class := "permanent"
-		if !errors.Is(err, ErrPermanent) {
+		switch {
+		case errors.Is(err, ErrUnknownOutcome):
+			// Under the resend policy the attempts are used up: an operator
+			// decides (and an alert says so) rather than the row sitting in
+			// unknown with nothing but a gauge.
+			class = "unknown_attempts_exhausted"
+		case !errors.Is(err, ErrPermanent):
 			class = "attempts_exhausted"
 		}
-		n, dberr = q.EmailSendMarkFailed(dbctx, notifydb.EmailSendMarkFailedParams{
-			ErrorClass: class, LastError: err.Error(), OperationKey: row.OperationKey, ClaimToken: token,
-		})
+		update = func(ctx context.Context) (int64, error) {
+			return q.EmailSendMarkFailed(ctx, notifydb.EmailSendMarkFailedParams{
+				ErrorClass: class, LastError: err.Error(), OperationKey: row.OperationKey, ClaimToken: token,
+			})
+		}
 		log.ErrorContext(ctx, "email send failed; parked for an operator", slog.String("error_class", class), slog.String("error", err.Error()))
 	}
 	s.metrics.Emails.WithLabelValues(result).Inc()
-	switch {
-	case dberr != nil:
-		// The row stays 'sending'; the stuck sweep turns it into unknown,
-		// which is exactly what is known about it now.
-		log.ErrorContext(ctx, "email sender: could not record the send result", slog.String("result", result), slog.String("error", dberr.Error()))
-	case n != 1:
-		log.WarnContext(ctx, "email sender: claim lost before the result was recorded", slog.String("result", result))
-	}
+	s.record(ctx, log, row.OperationKey, result, want, update)
 }
 
-func (s *Sender) release(ctx context.Context, token uuid.UUID, rows []notifydb.EmailSend) {
-	q := notifydb.New(s.pool)
-	for _, r := range rows {
-		if _, err := q.EmailSendRelease(ctx, notifydb.EmailSendReleaseParams{OperationKey: r.OperationKey, ClaimToken: token}); err != nil {
-			s.log.ErrorContext(ctx, "email sender: release of an unsent claim failed; the sweep will mark it unknown",
-				slog.String("operation_key", r.OperationKey), slog.String("error", err.Error()))
+// record writes a send's result, retrying with capped backoff while the
+// database is unreachable: an email that was sent must end up 'sent', or
+// an operator reading 'unknown' could choose to resend it. The update is
+// fenced by the claim token; if it matches nothing, the row is read back,
+// since an earlier attempt may have committed without its answer arriving.
+// Retrying stops at half the sending timeout, when the sweep is about to
+// judge the row anyway; a late 'sent' still overrides the sweep's unknown.
+func (s *Sender) record(ctx context.Context, log *slog.Logger, key, result, want string, update func(context.Context) (int64, error)) {
+	deadline := time.Now().Add(s.cfg.SendingTimeout / 2)
+	delay := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		dbctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		n, err := update(dbctx)
+		if err == nil && n == 0 {
+			var row notifydb.EmailSend
+			row, err = notifydb.New(s.pool).EmailSendGet(dbctx, key)
+			if err == nil && row.State != want {
+				log.WarnContext(ctx, "email sender: claim lost before the result was recorded",
+					slog.String("result", result), slog.String("state", row.State))
+			}
 		}
+		cancel()
+		switch {
+		case err == nil:
+			if attempt > 1 {
+				log.InfoContext(ctx, "email sender: result recorded after retries", slog.String("result", result), slog.Int("attempts", attempt))
+			}
+			return
+		case !inbox.IsTransient(err) || time.Now().Add(delay).After(deadline):
+			// The row stays 'sending'; the stuck sweep turns it into
+			// unknown, which is exactly what is known about it now.
+			log.ErrorContext(ctx, "email sender: could not record the send result", slog.String("result", result),
+				slog.String("error", err.Error()), slog.Int("attempts", attempt))
+			return
+		}
+		time.Sleep(delay)
+		delay = min(2*delay, 5*time.Second)
 	}
 }
 
-// sweepStuck turns rows left 'sending' by a dead sender into unknown.
+func (s *Sender) release(ctx context.Context, token uuid.UUID, row notifydb.EmailSend) {
+	if _, err := notifydb.New(s.pool).EmailSendRelease(ctx, notifydb.EmailSendReleaseParams{OperationKey: row.OperationKey, ClaimToken: token}); err != nil {
+		s.log.ErrorContext(ctx, "email sender: release of an unsent claim failed; the sweep will mark it unknown",
+			slog.String("operation_key", row.OperationKey), slog.String("error", err.Error()))
+	}
+}
+
+// sweepStuck turns rows left 'sending' by a dead sender into unknown (or
+// failed, when the resend policy has used up the attempts).
 func (s *Sender) sweepStuck(ctx context.Context) error {
-	rows, err := notifydb.New(s.pool).EmailSendSweepStuck(ctx, s.cfg.SendingTimeout.Seconds())
+	rows, err := notifydb.New(s.pool).EmailSendSweepStuck(ctx, notifydb.EmailSendSweepStuckParams{
+		ResendUnknown: s.cfg.Policy == PolicyResend, MaxAttempts: int32(s.cfg.MaxAttempts), TimeoutSeconds: s.cfg.SendingTimeout.Seconds(),
+	})
 	if err != nil {
 		return fmt.Errorf("sweep stuck sends: %w", err)
 	}
 	for _, r := range rows {
-		s.metrics.Emails.WithLabelValues(ResultUnknown).Inc()
+		s.metrics.Emails.WithLabelValues(r.State).Inc()
 		s.log.ErrorContext(ctx, "email stuck in sending past the timeout: outcome unknown, not resent silently",
-			slog.String("event_id", r.EventID.String()), slog.String("operation_key", r.OperationKey),
+			slog.String("event_id", r.EventID.String()), slog.String("operation_key", r.OperationKey), slog.String("state", r.State),
 			slog.Duration("sending_timeout", s.cfg.SendingTimeout), slog.String("policy", string(s.cfg.Policy)))
 	}
+	return nil
+}
+
+// skipStale skips the emails whose events are older than MaxAge and that
+// were never attempted (C4a): counted, logged once per pass, never sent.
+func (s *Sender) skipStale(ctx context.Context) error {
+	rows, err := notifydb.New(s.pool).EmailSendSkipStale(ctx, s.cfg.MaxAge.Seconds())
+	if err != nil {
+		return fmt.Errorf("skip stale emails: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	s.metrics.Emails.WithLabelValues(ResultSkipped).Add(float64(len(rows)))
+	first := rows[0]
+	s.log.WarnContext(ctx, "emails skipped: their events were older than EMAIL_MAX_AGE before they could be sent",
+		slog.Int("skipped", len(rows)), slog.Duration("max_age", s.cfg.MaxAge),
+		slog.String("sample_event_id", first.EventID.String()), slog.String("sample_event_type", first.EventType))
 	return nil
 }
 
@@ -290,7 +351,7 @@ func RefreshLedgerStats(ctx context.Context, db notifydb.DBTX, m *Metrics) error
 	if err != nil {
 		return fmt.Errorf("count ledger rows: %w", err)
 	}
-	for _, st := range []string{StatePending, StateSending, StateSent, StateUnknown, StateFailed} {
+	for _, st := range []string{StatePending, StateSending, StateSent, StateUnknown, StateFailed, StateSkipped} {
 		m.Ledger.WithLabelValues(st).Set(0)
 	}
 	for _, r := range rows {
@@ -299,23 +360,48 @@ func RefreshLedgerStats(ctx context.Context, db notifydb.DBTX, m *Metrics) error
 	return nil
 }
 
-// CleanupLedger deletes sent ledger rows older than ttl in batches of
-// batchSize, each batch its own short statement. The notifier uses the
-// processed_event TTL: a redelivery older than that is a duplicate by
-// version anyway, and no longer needs its ledger row to be recognised.
-func CleanupLedger(ctx context.Context, db notifydb.DBTX, ttl time.Duration, batchSize int) (int64, error) {
-	if batchSize <= 0 || ttl <= 0 {
-		return 0, fmt.Errorf("clean up sent emails: batch size (%d) and TTL (%s) must be positive", batchSize, ttl)
+// ledgerCleanupLockKey serialises ledger cleaners across instances (O6).
+const ledgerCleanupLockKey = 7_215_402_115
+
+// CleanupLedger deletes finished ledger rows (sent or skipped) older than
+// ttl, batchSize rows per statement with a pause between batches. One run
+// at a time across instances: the run holds a session-level advisory lock
+// on one connection throughout, and an instance that finds it taken returns
+// at once. Unknown and failed rows are kept until an operator resolves
+// them. The notifier uses the processed_event TTL: a redelivery older than
+// that is a duplicate by version anyway, and no longer needs its ledger row
+// to be recognised.
+func CleanupLedger(ctx context.Context, pool *pgxpool.Pool, ttl time.Duration, batchSize int, pause time.Duration) (total int64, err error) {
+	if batchSize <= 0 || ttl <= 0 || pause < 0 {
+		return 0, fmt.Errorf("clean up finished emails: batch size (%d) and TTL (%s) must be positive", batchSize, ttl)
 	}
-	var total int64
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("clean up finished emails: %w", err)
+	}
+	defer conn.Release()
+	q := notifydb.New(conn)
+	if locked, err := q.EmailLedgerCleanupLock(ctx, ledgerCleanupLockKey); err != nil || !locked {
+		return 0, err
+	}
+	defer func() {
+		if _, err := q.EmailLedgerCleanupUnlock(context.WithoutCancel(ctx), ledgerCleanupLockKey); err != nil {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx)) // ending the session releases the lock
+		}
+	}()
 	for {
-		n, err := notifydb.New(db).EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize)})
+		n, err := q.EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize)})
 		if err != nil {
-			return total, fmt.Errorf("clean up sent emails: %w", err)
+			return total, fmt.Errorf("clean up finished emails: %w", err)
 		}
 		total += n
 		if n < int64(batchSize) {
 			return total, nil
+		}
+		select {
+		case <-ctx.Done():
+			return total, ctx.Err()
+		case <-time.After(pause):
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/outbox/cloudevents"
 )
 
 const (
@@ -281,8 +282,8 @@ func (e *env) readAll(t *testing.T) []record {
 				require.False(t, dup, "header %s twice", h.Key)
 				rec.Headers[h.Key] = string(h.Value)
 			}
-			rec.EventID, _ = uuid.Parse(rec.Headers[outbox.HeaderID])
-			fmt.Sscan(rec.Headers[outbox.HeaderAggregateVersion], &rec.Version) //nolint:errcheck // checked by the tests that care
+			rec.EventID, _ = uuid.Parse(rec.Headers[cloudevents.HeaderID])
+			fmt.Sscan(rec.Headers[cloudevents.HeaderAggregateVersion], &rec.Version) //nolint:errcheck // checked by the tests that care
 			byPart[r.Partition] = append(byPart[r.Partition], rec)
 			if end, ok := remaining[r.Partition]; ok && r.Offset+1 >= end {
 				delete(remaining, r.Partition)

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxref/orders/internal/outbox/cloudevents"
 )
 
 // Defaults for the zero values of Config.
@@ -501,27 +503,18 @@ func (r *Relay) setOutcome(pctx context.Context, o *Outcome, rec *kgo.Record, er
 // record builds the Kafka record of one row (R7): key = aggregate id,
 // value = payload JSON, CloudEvents 1.0 binary-mode headers.
 func (r *Relay) record(l *leased) *kgo.Record {
-	h := []kgo.RecordHeader{
-		{Key: HeaderSpecVersion, Value: []byte("1.0")},
-		{Key: HeaderID, Value: []byte(l.EventID.String())},
-		{Key: HeaderType, Value: []byte(l.EventType)},
-		{Key: HeaderSource, Value: []byte(r.cfg.Source)},
-		{Key: HeaderSubject, Value: []byte(l.AggregateID)},
-		{Key: HeaderTime, Value: []byte(l.CreatedAt.UTC().Format(time.RFC3339Nano))},
-		{Key: HeaderContentType, Value: []byte("application/json")},
-		{Key: HeaderAggregateType, Value: []byte(l.AggregateType)},
-		{Key: HeaderAggregateVersion, Value: []byte(strconv.FormatInt(l.AggregateVersion, 10))},
-		{Key: HeaderSchemaVersion, Value: []byte(strconv.Itoa(l.SchemaVersion))},
-	}
-	if l.traceparent != "" {
-		h = append(h, kgo.RecordHeader{Key: HeaderTraceparent, Value: []byte(l.traceparent)})
-	}
-	return &kgo.Record{
-		Topic:   r.cfg.Topic,
-		Key:     []byte(l.AggregateID),
-		Value:   l.payload,
-		Headers: h,
-	}
+	return cloudevents.Record(r.cfg.Topic, cloudevents.Event{
+		ID:               l.EventID,
+		Type:             l.EventType,
+		Source:           r.cfg.Source,
+		Time:             l.CreatedAt,
+		AggregateType:    l.AggregateType,
+		AggregateID:      l.AggregateID,
+		AggregateVersion: l.AggregateVersion,
+		SchemaVersion:    l.SchemaVersion,
+		Traceparent:      l.traceparent,
+		Data:             l.payload,
+	})
 }
 
 func claimsOf(batch []leased) []Claim {

@@ -12,6 +12,31 @@ import (
 	"github.com/google/uuid"
 )
 
+const cleanupLock = `-- name: CleanupLock :one
+SELECT pg_try_advisory_lock($1::bigint)
+`
+
+// One cleaner at a time for a whole run (O6): a session-level advisory lock
+// on a connection the run holds. A crashed cleaner's session ends and
+// releases it.
+func (q *Queries) CleanupLock(ctx context.Context, lockKey int64) (bool, error) {
+	row := q.db.QueryRow(ctx, cleanupLock, lockKey)
+	var pg_try_advisory_lock bool
+	err := row.Scan(&pg_try_advisory_lock)
+	return pg_try_advisory_lock, err
+}
+
+const cleanupUnlock = `-- name: CleanupUnlock :one
+SELECT pg_advisory_unlock($1::bigint)
+`
+
+func (q *Queries) CleanupUnlock(ctx context.Context, lockKey int64) (bool, error) {
+	row := q.db.QueryRow(ctx, cleanupUnlock, lockKey)
+	var pg_advisory_unlock bool
+	err := row.Scan(&pg_advisory_unlock)
+	return pg_advisory_unlock, err
+}
+
 const inboxAggregateAdvance = `-- name: InboxAggregateAdvance :execrows
 UPDATE inbox_aggregate
 SET last_version = $1, updated_at = clock_timestamp()
@@ -435,19 +460,14 @@ func (q *Queries) InboxHeldNext(ctx context.Context, arg InboxHeldNextParams) (I
 	return i, err
 }
 
-const inboxHeldPark = `-- name: InboxHeldPark :execrows
-WITH parked AS (
-    UPDATE inbox_held_event h
-    SET state = 'parked', park_reason = left($1::text, 1024), parked_at = clock_timestamp()
-    WHERE h.aggregate_type = $2 AND h.aggregate_id = $3 AND h.state = 'held'
-    RETURNING h.event_id
-)
-UPDATE processed_event
-SET outcome = 'parked', processed_at = clock_timestamp()
-WHERE event_id IN (SELECT event_id FROM parked)
+const inboxHeldParkAll = `-- name: InboxHeldParkAll :many
+UPDATE inbox_held_event h
+SET state = 'parked', park_reason = left($1::text, 1024), parked_at = clock_timestamp()
+WHERE h.aggregate_type = $2 AND h.aggregate_id = $3 AND h.state = 'held'
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at
 `
 
-type InboxHeldParkParams struct {
+type InboxHeldParkAllParams struct {
 	Reason        string
 	AggregateType string
 	AggregateID   string
@@ -455,8 +475,54 @@ type InboxHeldParkParams struct {
 
 // The source of truth cannot place these events (for instance it answered
 // 404): they are kept with the reason for an operator, never dropped.
-func (q *Queries) InboxHeldPark(ctx context.Context, arg InboxHeldParkParams) (int64, error) {
-	result, err := q.db.Exec(ctx, inboxHeldPark, arg.Reason, arg.AggregateType, arg.AggregateID)
+func (q *Queries) InboxHeldParkAll(ctx context.Context, arg InboxHeldParkAllParams) ([]InboxHeldEvent, error) {
+	rows, err := q.db.Query(ctx, inboxHeldParkAll, arg.Reason, arg.AggregateType, arg.AggregateID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []InboxHeldEvent{}
+	for rows.Next() {
+		var i InboxHeldEvent
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateVersion,
+			&i.EventType,
+			&i.SchemaVersion,
+			&i.EventTime,
+			&i.Payload,
+			&i.State,
+			&i.ParkReason,
+			&i.HeldAt,
+			&i.ParkedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const inboxHeldParkOne = `-- name: InboxHeldParkOne :execrows
+UPDATE inbox_held_event
+SET state = 'parked', park_reason = left($1::text, 1024), parked_at = clock_timestamp()
+WHERE event_id = $2 AND state = 'held'
+`
+
+type InboxHeldParkOneParams struct {
+	Reason  string
+	EventID uuid.UUID
+}
+
+// A held event whose change failed when its turn came: parked on its own,
+// so the event that released it is not rolled back with it.
+func (q *Queries) InboxHeldParkOne(ctx context.Context, arg InboxHeldParkOneParams) (int64, error) {
+	result, err := q.db.Exec(ctx, inboxHeldParkOne, arg.Reason, arg.EventID)
 	if err != nil {
 		return 0, err
 	}
@@ -481,32 +547,53 @@ func (q *Queries) InboxHeldStats(ctx context.Context) (InboxHeldStatsRow, error)
 	return i, err
 }
 
-const inboxHeldSupersede = `-- name: InboxHeldSupersede :execrows
-WITH gone AS (
-    DELETE FROM inbox_held_event h
-    WHERE h.aggregate_type = $1 AND h.aggregate_id = $2
-      AND h.state = 'held' AND h.aggregate_version <= $3
-    RETURNING h.event_id
-)
-UPDATE processed_event
-SET outcome = 'superseded', processed_at = clock_timestamp()
-WHERE event_id IN (SELECT event_id FROM gone)
+const inboxHeldTakeCovered = `-- name: InboxHeldTakeCovered :many
+DELETE FROM inbox_held_event h
+WHERE h.aggregate_type = $1 AND h.aggregate_id = $2
+  AND h.state = 'held' AND h.aggregate_version <= $3
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at
 `
 
-type InboxHeldSupersedeParams struct {
+type InboxHeldTakeCoveredParams struct {
 	AggregateType   string
 	AggregateID     string
 	SnapshotVersion int64
 }
 
 // A resync snapshot already covers these versions: they leave the hold
-// without being applied, and stay recorded so a late copy is a duplicate.
-func (q *Queries) InboxHeldSupersede(ctx context.Context, arg InboxHeldSupersedeParams) (int64, error) {
-	result, err := q.db.Exec(ctx, inboxHeldSupersede, arg.AggregateType, arg.AggregateID, arg.SnapshotVersion)
+// without their state change; the caller marks them superseded and hands
+// each to the consumer's Covered function, in version order.
+func (q *Queries) InboxHeldTakeCovered(ctx context.Context, arg InboxHeldTakeCoveredParams) ([]InboxHeldEvent, error) {
+	rows, err := q.db.Query(ctx, inboxHeldTakeCovered, arg.AggregateType, arg.AggregateID, arg.SnapshotVersion)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	items := []InboxHeldEvent{}
+	for rows.Next() {
+		var i InboxHeldEvent
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateVersion,
+			&i.EventType,
+			&i.SchemaVersion,
+			&i.EventTime,
+			&i.Payload,
+			&i.State,
+			&i.ParkReason,
+			&i.HeldAt,
+			&i.ParkedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const inboxParkedRecordCount = `-- name: InboxParkedRecordCount :one
@@ -521,29 +608,36 @@ func (q *Queries) InboxParkedRecordCount(ctx context.Context) (int64, error) {
 }
 
 const inboxParkedRecordInsert = `-- name: InboxParkedRecordInsert :execrows
-INSERT INTO inbox_parked_record (source, partition, "offset", event_id, record_key, record_value, headers, reason)
-VALUES ($1, $2, $3, $4, $5, $6, $7, left($8::text, 1024))
-ON CONFLICT (source, partition, "offset") DO NOTHING
+INSERT INTO inbox_parked_record (source, partition, "offset", event_id, park_key, record_sha256,
+                                 record_key, record_value, headers, reason)
+VALUES ($1, $2, $3, $4, $5, $6,
+        $7, $8, $9, left($10::text, 1024))
+ON CONFLICT (park_key, record_sha256) DO NOTHING
 `
 
 type InboxParkedRecordInsertParams struct {
 	Source       string
 	Partition    int32
 	RecordOffset int64
-	EventID      *string
+	EventID      *uuid.UUID
+	ParkKey      string
+	RecordSha256 []byte
 	RecordKey    []byte
 	RecordValue  []byte
 	Headers      []byte
 	Reason       string
 }
 
-// A redelivered poison record (same source position) is parked only once.
+// A redelivered poison record (same key, same content) is parked once; see
+// the migration for why the content hash is part of the identity.
 func (q *Queries) InboxParkedRecordInsert(ctx context.Context, arg InboxParkedRecordInsertParams) (int64, error) {
 	result, err := q.db.Exec(ctx, inboxParkedRecordInsert,
 		arg.Source,
 		arg.Partition,
 		arg.RecordOffset,
 		arg.EventID,
+		arg.ParkKey,
+		arg.RecordSha256,
 		arg.RecordKey,
 		arg.RecordValue,
 		arg.Headers,
@@ -556,7 +650,7 @@ func (q *Queries) InboxParkedRecordInsert(ctx context.Context, arg InboxParkedRe
 }
 
 const inboxParkedRecordList = `-- name: InboxParkedRecordList :many
-SELECT id, source, partition, "offset", event_id, record_key, record_value, headers, reason, parked_at FROM inbox_parked_record ORDER BY id LIMIT $1
+SELECT id, source, partition, "offset", event_id, record_key, record_value, headers, reason, parked_at, park_key, record_sha256 FROM inbox_parked_record ORDER BY id LIMIT $1
 `
 
 func (q *Queries) InboxParkedRecordList(ctx context.Context, rowLimit int32) ([]InboxParkedRecord, error) {
@@ -579,6 +673,8 @@ func (q *Queries) InboxParkedRecordList(ctx context.Context, rowLimit int32) ([]
 			&i.Headers,
 			&i.Reason,
 			&i.ParkedAt,
+			&i.ParkKey,
+			&i.RecordSha256,
 		); err != nil {
 			return nil, err
 		}
@@ -594,7 +690,7 @@ const processedEventCleanup = `-- name: ProcessedEventCleanup :execrows
 DELETE FROM processed_event
 WHERE event_id IN (
     SELECT p.event_id FROM processed_event p
-    WHERE p.outcome IN ('applied', 'superseded', 'conflict')
+    WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict')
       AND p.processed_at < clock_timestamp() - make_interval(secs => $1::float8)
     ORDER BY p.processed_at, p.event_id
     LIMIT $2
@@ -614,19 +710,6 @@ func (q *Queries) ProcessedEventCleanup(ctx context.Context, arg ProcessedEventC
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const processedEventCleanupLock = `-- name: ProcessedEventCleanupLock :one
-SELECT pg_try_advisory_xact_lock($1::bigint)
-`
-
-// One cleaner at a time (O6): a transaction-scoped advisory lock, released
-// at commit, so a crashed cleaner never leaves it behind.
-func (q *Queries) ProcessedEventCleanupLock(ctx context.Context, lockKey int64) (bool, error) {
-	row := q.db.QueryRow(ctx, processedEventCleanupLock, lockKey)
-	var pg_try_advisory_xact_lock bool
-	err := row.Scan(&pg_try_advisory_xact_lock)
-	return pg_try_advisory_xact_lock, err
 }
 
 const processedEventGet = `-- name: ProcessedEventGet :one
@@ -685,7 +768,7 @@ const processedEventOwner = `-- name: ProcessedEventOwner :one
 SELECT event_id FROM processed_event
 WHERE aggregate_type = $1 AND aggregate_id = $2
   AND aggregate_version = $3
-  AND outcome IN ('applied', 'superseded')
+  AND outcome IN ('applied', 'superseded', 'covered')
 LIMIT 1
 `
 
@@ -696,7 +779,7 @@ type ProcessedEventOwnerParams struct {
 }
 
 // The event that owns an aggregate version, if any. Conflict rows never own
-// a version; superseded ones do (a resync placed them).
+// a version; superseded and covered ones do (a snapshot placed their state).
 func (q *Queries) ProcessedEventOwner(ctx context.Context, arg ProcessedEventOwnerParams) (uuid.UUID, error) {
 	row := q.db.QueryRow(ctx, processedEventOwner, arg.AggregateType, arg.AggregateID, arg.AggregateVersion)
 	var event_id uuid.UUID

@@ -48,16 +48,18 @@ type InboxHeldEvent struct {
 }
 
 type InboxParkedRecord struct {
-	ID          int64
-	Source      string
-	Partition   int32
-	Offset      int64
-	EventID     *string
-	RecordKey   []byte
-	RecordValue []byte
-	Headers     []byte
-	Reason      string
-	ParkedAt    time.Time
+	ID           int64
+	Source       string
+	Partition    int32
+	Offset       int64
+	EventID      *uuid.UUID
+	RecordKey    []byte
+	RecordValue  []byte
+	Headers      []byte
+	Reason       string
+	ParkedAt     time.Time
+	ParkKey      string
+	RecordSha256 []byte
 }
 
 type ProcessedEvent struct {

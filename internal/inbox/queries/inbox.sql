@@ -70,11 +70,11 @@ SELECT * FROM processed_event WHERE event_id = @event_id;
 
 -- name: ProcessedEventOwner :one
 -- The event that owns an aggregate version, if any. Conflict rows never own
--- a version; superseded ones do (a resync placed them).
+-- a version; superseded and covered ones do (a snapshot placed their state).
 SELECT event_id FROM processed_event
 WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
   AND aggregate_version = @aggregate_version
-  AND outcome IN ('applied', 'superseded')
+  AND outcome IN ('applied', 'superseded', 'covered')
 LIMIT 1;
 
 -- name: ProcessedEventSetOutcome :exec
@@ -82,10 +82,14 @@ UPDATE processed_event
 SET outcome = @outcome, processed_at = clock_timestamp()
 WHERE event_id = @event_id;
 
--- name: ProcessedEventCleanupLock :one
--- One cleaner at a time (O6): a transaction-scoped advisory lock, released
--- at commit, so a crashed cleaner never leaves it behind.
-SELECT pg_try_advisory_xact_lock(@lock_key::bigint);
+-- name: CleanupLock :one
+-- One cleaner at a time for a whole run (O6): a session-level advisory lock
+-- on a connection the run holds. A crashed cleaner's session ends and
+-- releases it.
+SELECT pg_try_advisory_lock(@lock_key::bigint);
+
+-- name: CleanupUnlock :one
+SELECT pg_advisory_unlock(@lock_key::bigint);
 
 -- name: ProcessedEventCleanup :execrows
 -- Deletes one bounded batch of finished markers older than the TTL, oldest
@@ -93,7 +97,7 @@ SELECT pg_try_advisory_xact_lock(@lock_key::bigint);
 DELETE FROM processed_event
 WHERE event_id IN (
     SELECT p.event_id FROM processed_event p
-    WHERE p.outcome IN ('applied', 'superseded', 'conflict')
+    WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict')
       AND p.processed_at < clock_timestamp() - make_interval(secs => @ttl_seconds::float8)
     ORDER BY p.processed_at, p.event_id
     LIMIT @batch_size
@@ -123,31 +127,29 @@ DELETE FROM inbox_held_event WHERE event_id = @event_id;
 SELECT count(*) FROM inbox_held_event
 WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id AND state = 'held';
 
--- name: InboxHeldSupersede :execrows
+-- name: InboxHeldTakeCovered :many
 -- A resync snapshot already covers these versions: they leave the hold
--- without being applied, and stay recorded so a late copy is a duplicate.
-WITH gone AS (
-    DELETE FROM inbox_held_event h
-    WHERE h.aggregate_type = @aggregate_type AND h.aggregate_id = @aggregate_id
-      AND h.state = 'held' AND h.aggregate_version <= @snapshot_version
-    RETURNING h.event_id
-)
-UPDATE processed_event
-SET outcome = 'superseded', processed_at = clock_timestamp()
-WHERE event_id IN (SELECT event_id FROM gone);
+-- without their state change; the caller marks them superseded and hands
+-- each to the consumer's Covered function, in version order.
+DELETE FROM inbox_held_event h
+WHERE h.aggregate_type = @aggregate_type AND h.aggregate_id = @aggregate_id
+  AND h.state = 'held' AND h.aggregate_version <= @snapshot_version
+RETURNING *;
 
--- name: InboxHeldPark :execrows
+-- name: InboxHeldParkAll :many
 -- The source of truth cannot place these events (for instance it answered
 -- 404): they are kept with the reason for an operator, never dropped.
-WITH parked AS (
-    UPDATE inbox_held_event h
-    SET state = 'parked', park_reason = left(@reason::text, 1024), parked_at = clock_timestamp()
-    WHERE h.aggregate_type = @aggregate_type AND h.aggregate_id = @aggregate_id AND h.state = 'held'
-    RETURNING h.event_id
-)
-UPDATE processed_event
-SET outcome = 'parked', processed_at = clock_timestamp()
-WHERE event_id IN (SELECT event_id FROM parked);
+UPDATE inbox_held_event h
+SET state = 'parked', park_reason = left(@reason::text, 1024), parked_at = clock_timestamp()
+WHERE h.aggregate_type = @aggregate_type AND h.aggregate_id = @aggregate_id AND h.state = 'held'
+RETURNING *;
+
+-- name: InboxHeldParkOne :execrows
+-- A held event whose change failed when its turn came: parked on its own,
+-- so the event that released it is not rolled back with it.
+UPDATE inbox_held_event
+SET state = 'parked', park_reason = left(@reason::text, 1024), parked_at = clock_timestamp()
+WHERE event_id = @event_id AND state = 'held';
 
 -- name: InboxHeldListForAggregate :many
 SELECT * FROM inbox_held_event
@@ -171,10 +173,13 @@ WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
 ORDER BY aggregate_version, detected_at;
 
 -- name: InboxParkedRecordInsert :execrows
--- A redelivered poison record (same source position) is parked only once.
-INSERT INTO inbox_parked_record (source, partition, "offset", event_id, record_key, record_value, headers, reason)
-VALUES (@source, @partition, @record_offset, sqlc.narg('event_id'), @record_key, @record_value, @headers, left(@reason::text, 1024))
-ON CONFLICT (source, partition, "offset") DO NOTHING;
+-- A redelivered poison record (same key, same content) is parked once; see
+-- the migration for why the content hash is part of the identity.
+INSERT INTO inbox_parked_record (source, partition, "offset", event_id, park_key, record_sha256,
+                                 record_key, record_value, headers, reason)
+VALUES (@source, @partition, @record_offset, sqlc.narg('event_id'), @park_key, @record_sha256,
+        @record_key, @record_value, @headers, left(@reason::text, 1024))
+ON CONFLICT (park_key, record_sha256) DO NOTHING;
 
 -- name: InboxParkedRecordCount :one
 SELECT count(*) FROM inbox_parked_record;

@@ -11,28 +11,31 @@ import (
 )
 
 type EmailSend struct {
-	OperationKey   string
-	EventID        uuid.UUID
-	MessageID      string
-	OrderID        uuid.UUID
-	EventType      string
-	Recipient      string
-	Subject        string
-	Body           string
-	State          string
-	Attempts       int32
-	NextAttemptAt  time.Time
-	ClaimToken     *uuid.UUID
-	ClaimedBy      *string
-	SendingSince   *time.Time
-	LastErrorClass *string
-	LastError      *string
-	SMTPReply      *string
-	CreatedAt      time.Time
-	SentAt         *time.Time
-	ResolvedBy     *string
-	ResolvedAt     *time.Time
-	Resolution     *string
+	OperationKey     string
+	EventID          uuid.UUID
+	MessageID        string
+	OrderID          uuid.UUID
+	EventType        string
+	Recipient        string
+	Subject          string
+	Body             string
+	State            string
+	Attempts         int32
+	NextAttemptAt    time.Time
+	ClaimToken       *uuid.UUID
+	ClaimedBy        *string
+	SendingSince     *time.Time
+	LastErrorClass   *string
+	LastError        *string
+	SMTPReply        *string
+	CreatedAt        time.Time
+	SentAt           *time.Time
+	ResolvedBy       *string
+	ResolvedAt       *time.Time
+	Resolution       *string
+	AggregateVersion *int64
+	EventTime        *time.Time
+	SkipReason       *string
 }
 
 type OrderProjection struct {

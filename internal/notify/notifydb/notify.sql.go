@@ -7,91 +7,105 @@ package notifydb
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
 
-const emailSendClaim = `-- name: EmailSendClaim :many
+const emailLedgerCleanupLock = `-- name: EmailLedgerCleanupLock :one
+SELECT pg_try_advisory_lock($1::bigint)
+`
+
+// One ledger cleaner at a time, for the whole run (O6).
+func (q *Queries) EmailLedgerCleanupLock(ctx context.Context, lockKey int64) (bool, error) {
+	row := q.db.QueryRow(ctx, emailLedgerCleanupLock, lockKey)
+	var pg_try_advisory_lock bool
+	err := row.Scan(&pg_try_advisory_lock)
+	return pg_try_advisory_lock, err
+}
+
+const emailLedgerCleanupUnlock = `-- name: EmailLedgerCleanupUnlock :one
+SELECT pg_advisory_unlock($1::bigint)
+`
+
+func (q *Queries) EmailLedgerCleanupUnlock(ctx context.Context, lockKey int64) (bool, error) {
+	row := q.db.QueryRow(ctx, emailLedgerCleanupUnlock, lockKey)
+	var pg_advisory_unlock bool
+	err := row.Scan(&pg_advisory_unlock)
+	return pg_advisory_unlock, err
+}
+
+const emailSendClaimOne = `-- name: EmailSendClaimOne :one
 UPDATE email_send
 SET state = 'sending', claim_token = $1::uuid, claimed_by = $2::text,
     sending_since = clock_timestamp(), attempts = attempts + 1
-WHERE operation_key IN (
+WHERE operation_key = (
     SELECT e.operation_key FROM email_send e
     WHERE e.next_attempt_at <= clock_timestamp()
       AND (e.state = 'pending'
            OR (e.state = 'unknown' AND $3::boolean AND e.attempts < $4::integer))
     ORDER BY e.next_attempt_at, e.operation_key
-    LIMIT $5
+    LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
-RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution
+RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason
 `
 
-type EmailSendClaimParams struct {
+type EmailSendClaimOneParams struct {
 	ClaimToken    uuid.UUID
 	ClaimedBy     string
 	ResendUnknown bool
 	MaxAttempts   int32
-	BatchSize     int32
 }
 
-// Claims due rows in a short transaction of its own; the send happens after
-// commit. SKIP LOCKED lets several senders share the ledger. Unknown rows
-// are claimed only under the resend policy.
-func (q *Queries) EmailSendClaim(ctx context.Context, arg EmailSendClaimParams) ([]EmailSend, error) {
-	rows, err := q.db.Query(ctx, emailSendClaim,
+// Claims the next due row in a short transaction of its own; the send
+// happens after commit. One row per claim, so that only an email whose send
+// has really begun is ever 'sending': a sender that dies leaves at most one
+// row for the stuck-send sweep. SKIP LOCKED lets several senders share the
+// ledger. Unknown rows are claimed only under the resend policy.
+func (q *Queries) EmailSendClaimOne(ctx context.Context, arg EmailSendClaimOneParams) (EmailSend, error) {
+	row := q.db.QueryRow(ctx, emailSendClaimOne,
 		arg.ClaimToken,
 		arg.ClaimedBy,
 		arg.ResendUnknown,
 		arg.MaxAttempts,
-		arg.BatchSize,
 	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []EmailSend{}
-	for rows.Next() {
-		var i EmailSend
-		if err := rows.Scan(
-			&i.OperationKey,
-			&i.EventID,
-			&i.MessageID,
-			&i.OrderID,
-			&i.EventType,
-			&i.Recipient,
-			&i.Subject,
-			&i.Body,
-			&i.State,
-			&i.Attempts,
-			&i.NextAttemptAt,
-			&i.ClaimToken,
-			&i.ClaimedBy,
-			&i.SendingSince,
-			&i.LastErrorClass,
-			&i.LastError,
-			&i.SMTPReply,
-			&i.CreatedAt,
-			&i.SentAt,
-			&i.ResolvedBy,
-			&i.ResolvedAt,
-			&i.Resolution,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+	var i EmailSend
+	err := row.Scan(
+		&i.OperationKey,
+		&i.EventID,
+		&i.MessageID,
+		&i.OrderID,
+		&i.EventType,
+		&i.Recipient,
+		&i.Subject,
+		&i.Body,
+		&i.State,
+		&i.Attempts,
+		&i.NextAttemptAt,
+		&i.ClaimToken,
+		&i.ClaimedBy,
+		&i.SendingSince,
+		&i.LastErrorClass,
+		&i.LastError,
+		&i.SMTPReply,
+		&i.CreatedAt,
+		&i.SentAt,
+		&i.ResolvedBy,
+		&i.ResolvedAt,
+		&i.Resolution,
+		&i.AggregateVersion,
+		&i.EventTime,
+		&i.SkipReason,
+	)
+	return i, err
 }
 
 const emailSendCleanup = `-- name: EmailSendCleanup :execrows
 DELETE FROM email_send
 WHERE operation_key IN (
     SELECT e.operation_key FROM email_send e
-    WHERE e.state = 'sent'
+    WHERE e.state IN ('sent', 'skipped')
       AND e.created_at < clock_timestamp() - make_interval(secs => $1::float8)
     ORDER BY e.created_at, e.operation_key
     LIMIT $2
@@ -103,8 +117,9 @@ type EmailSendCleanupParams struct {
 	BatchSize  int32
 }
 
-// Deletes one batch of sent emails older than the retention. Unknown and
-// failed rows are kept until an operator resolves them.
+// Deletes one batch of finished emails (sent or skipped) older than the
+// retention. Unknown and failed rows are kept until an operator resolves
+// them.
 func (q *Queries) EmailSendCleanup(ctx context.Context, arg EmailSendCleanupParams) (int64, error) {
 	result, err := q.db.Exec(ctx, emailSendCleanup, arg.TtlSeconds, arg.BatchSize)
 	if err != nil {
@@ -143,7 +158,7 @@ func (q *Queries) EmailSendCountByState(ctx context.Context) ([]EmailSendCountBy
 }
 
 const emailSendGet = `-- name: EmailSendGet :one
-SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution FROM email_send WHERE operation_key = $1
+SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason FROM email_send WHERE operation_key = $1
 `
 
 func (q *Queries) EmailSendGet(ctx context.Context, operationKey string) (EmailSend, error) {
@@ -172,32 +187,41 @@ func (q *Queries) EmailSendGet(ctx context.Context, operationKey string) (EmailS
 		&i.ResolvedBy,
 		&i.ResolvedAt,
 		&i.Resolution,
+		&i.AggregateVersion,
+		&i.EventTime,
+		&i.SkipReason,
 	)
 	return i, err
 }
 
 const emailSendInsert = `-- name: EmailSendInsert :one
 INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
-                        recipient, subject, body)
+                        aggregate_version, event_time, recipient, subject, body, state, skip_reason)
 VALUES ($1, $2, $3, $4, $5,
-        $6, $7, $8)
+        $6, $7, $8, $9, $10,
+        CASE WHEN $11::text IS NULL THEN 'pending' ELSE 'skipped' END,
+        $11)
 ON CONFLICT (operation_key) DO NOTHING
-RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution
+RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason
 `
 
 type EmailSendInsertParams struct {
-	OperationKey string
-	EventID      uuid.UUID
-	MessageID    string
-	OrderID      uuid.UUID
-	EventType    string
-	Recipient    string
-	Subject      string
-	Body         string
+	OperationKey     string
+	EventID          uuid.UUID
+	MessageID        string
+	OrderID          uuid.UUID
+	EventType        string
+	AggregateVersion *int64
+	EventTime        *time.Time
+	Recipient        string
+	Subject          string
+	Body             string
+	SkipReason       *string
 }
 
-// The email intent, written in the event's transaction. A second insert for
-// the same operation key returns no row and the caller reads the first.
+// The email intent, written in the event's transaction, pending or, with a
+// skip_reason, skipped. A second insert for the same operation key returns
+// no row and the caller reads the first: one row per event, ever.
 func (q *Queries) EmailSendInsert(ctx context.Context, arg EmailSendInsertParams) (EmailSend, error) {
 	row := q.db.QueryRow(ctx, emailSendInsert,
 		arg.OperationKey,
@@ -205,9 +229,12 @@ func (q *Queries) EmailSendInsert(ctx context.Context, arg EmailSendInsertParams
 		arg.MessageID,
 		arg.OrderID,
 		arg.EventType,
+		arg.AggregateVersion,
+		arg.EventTime,
 		arg.Recipient,
 		arg.Subject,
 		arg.Body,
+		arg.SkipReason,
 	)
 	var i EmailSend
 	err := row.Scan(
@@ -233,12 +260,36 @@ func (q *Queries) EmailSendInsert(ctx context.Context, arg EmailSendInsertParams
 		&i.ResolvedBy,
 		&i.ResolvedAt,
 		&i.Resolution,
+		&i.AggregateVersion,
+		&i.EventTime,
+		&i.SkipReason,
 	)
 	return i, err
 }
 
+const emailSendLaterExists = `-- name: EmailSendLaterExists :one
+SELECT EXISTS (
+    SELECT 1 FROM email_send
+    WHERE order_id = $1 AND aggregate_version > $2
+)::boolean
+`
+
+type EmailSendLaterExistsParams struct {
+	OrderID          uuid.UUID
+	AggregateVersion *int64
+}
+
+// Whether the order already has an email for a later version: an email
+// written now arrives after it and says so.
+func (q *Queries) EmailSendLaterExists(ctx context.Context, arg EmailSendLaterExistsParams) (bool, error) {
+	row := q.db.QueryRow(ctx, emailSendLaterExists, arg.OrderID, arg.AggregateVersion)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const emailSendListByOrder = `-- name: EmailSendListByOrder :many
-SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution FROM email_send WHERE order_id = $1 ORDER BY created_at, operation_key
+SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason FROM email_send WHERE order_id = $1 ORDER BY created_at, operation_key
 `
 
 func (q *Queries) EmailSendListByOrder(ctx context.Context, orderID uuid.UUID) ([]EmailSend, error) {
@@ -273,6 +324,9 @@ func (q *Queries) EmailSendListByOrder(ctx context.Context, orderID uuid.UUID) (
 			&i.ResolvedBy,
 			&i.ResolvedAt,
 			&i.Resolution,
+			&i.AggregateVersion,
+			&i.EventTime,
+			&i.SkipReason,
 		); err != nil {
 			return nil, err
 		}
@@ -285,7 +339,7 @@ func (q *Queries) EmailSendListByOrder(ctx context.Context, orderID uuid.UUID) (
 }
 
 const emailSendListByState = `-- name: EmailSendListByState :many
-SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution FROM email_send WHERE state = $1 ORDER BY created_at, operation_key LIMIT $2
+SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason FROM email_send WHERE state = $1 ORDER BY created_at, operation_key LIMIT $2
 `
 
 type EmailSendListByStateParams struct {
@@ -325,6 +379,9 @@ func (q *Queries) EmailSendListByState(ctx context.Context, arg EmailSendListByS
 			&i.ResolvedBy,
 			&i.ResolvedAt,
 			&i.Resolution,
+			&i.AggregateVersion,
+			&i.EventTime,
+			&i.SkipReason,
 		); err != nil {
 			return nil, err
 		}
@@ -459,8 +516,8 @@ type EmailSendReleaseParams struct {
 	ClaimToken   uuid.UUID
 }
 
-// Gives back claimed rows that a stopping sender did not start sending, so
-// they are not mistaken for crashed sends.
+// Gives back a claimed row that a stopping sender did not start sending, so
+// it is not mistaken for a crashed send.
 func (q *Queries) EmailSendRelease(ctx context.Context, arg EmailSendReleaseParams) (int64, error) {
 	result, err := q.db.Exec(ctx, emailSendRelease, arg.OperationKey, arg.ClaimToken)
 	if err != nil {
@@ -499,27 +556,82 @@ func (q *Queries) EmailSendResolve(ctx context.Context, arg EmailSendResolvePara
 	return result.RowsAffected(), nil
 }
 
+const emailSendSkipStale = `-- name: EmailSendSkipStale :many
+UPDATE email_send
+SET state = 'skipped', skip_reason = 'stale'
+WHERE state = 'pending' AND attempts = 0
+  AND event_time < clock_timestamp() - make_interval(secs => $1::float8)
+RETURNING operation_key, event_id, order_id, event_type, event_time
+`
+
+type EmailSendSkipStaleRow struct {
+	OperationKey string
+	EventID      uuid.UUID
+	OrderID      uuid.UUID
+	EventType    string
+	EventTime    *time.Time
+}
+
+// Emails that could not be sent before their event grew older than the
+// maximum age are skipped, never sent: a consumer group starting at the
+// beginning of a long topic must not email its whole history. Only rows
+// never attempted: an email that was tried in time and is being retried
+// is not stale.
+func (q *Queries) EmailSendSkipStale(ctx context.Context, maxAgeSeconds float64) ([]EmailSendSkipStaleRow, error) {
+	rows, err := q.db.Query(ctx, emailSendSkipStale, maxAgeSeconds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []EmailSendSkipStaleRow{}
+	for rows.Next() {
+		var i EmailSendSkipStaleRow
+		if err := rows.Scan(
+			&i.OperationKey,
+			&i.EventID,
+			&i.OrderID,
+			&i.EventType,
+			&i.EventTime,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const emailSendSweepStuck = `-- name: EmailSendSweepStuck :many
 UPDATE email_send
-SET state = 'unknown',
+SET state = CASE WHEN $1::boolean AND attempts >= $2::integer THEN 'failed' ELSE 'unknown' END,
     next_attempt_at = clock_timestamp(),
     last_error_class = 'sending_timeout',
-    last_error = 'still sending after ' || $1::float8 || 's: sender presumed dead'
+    last_error = 'still sending after ' || $3::float8 || 's: sender presumed dead'
 WHERE state = 'sending'
-  AND sending_since < clock_timestamp() - make_interval(secs => $1::float8)
-RETURNING operation_key, event_id
+  AND sending_since < clock_timestamp() - make_interval(secs => $3::float8)
+RETURNING operation_key, event_id, state
 `
+
+type EmailSendSweepStuckParams struct {
+	ResendUnknown  bool
+	MaxAttempts    int32
+	TimeoutSeconds float64
+}
 
 type EmailSendSweepStuckRow struct {
 	OperationKey string
 	EventID      uuid.UUID
+	State        string
 }
 
 // A row still 'sending' long after any send could have finished belongs to
 // a sender that died mid-send. Whether the email left is unknown, so it is
-// never put back to pending.
-func (q *Queries) EmailSendSweepStuck(ctx context.Context, timeoutSeconds float64) ([]EmailSendSweepStuckRow, error) {
-	rows, err := q.db.Query(ctx, emailSendSweepStuck, timeoutSeconds)
+// never put back to pending: it becomes 'unknown', or 'failed' when the
+// resend policy has used up its attempts.
+func (q *Queries) EmailSendSweepStuck(ctx context.Context, arg EmailSendSweepStuckParams) ([]EmailSendSweepStuckRow, error) {
+	rows, err := q.db.Query(ctx, emailSendSweepStuck, arg.ResendUnknown, arg.MaxAttempts, arg.TimeoutSeconds)
 	if err != nil {
 		return nil, err
 	}
@@ -527,7 +639,7 @@ func (q *Queries) EmailSendSweepStuck(ctx context.Context, timeoutSeconds float6
 	items := []EmailSendSweepStuckRow{}
 	for rows.Next() {
 		var i EmailSendSweepStuckRow
-		if err := rows.Scan(&i.OperationKey, &i.EventID); err != nil {
+		if err := rows.Scan(&i.OperationKey, &i.EventID, &i.State); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -1,0 +1,252 @@
+// Package cloudevents is the Kafka record format of outbox events: the
+// CloudEvents 1.0 Kafka protocol binding in binary content mode (R7). The
+// outbox relay writes records with Record and consumers read them with
+// Decode (the inbox wraps it), so the header names live in one place and
+// the two halves cannot disagree.
+//
+// In binary mode the record value is the event's JSON payload itself and
+// the event's attributes travel in headers; the record key is the aggregate
+// id, so every event of one aggregate lands in one partition, in order.
+//
+// Decode treats the record as hostile input: every attribute it returns is
+// checked (present, within bounds, valid UTF-8 without control characters,
+// numbers in range), so that a consumer can store what it returns in a
+// PostgreSQL text column without ever being refused. Anything else is
+// ErrInvalid, which a consumer parks rather than retries.
+package cloudevents
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"mime"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Header names of the binding. The ce_ prefix is the binding's; the three
+// ce_aggregate…/ce_schemaversion names are extension attributes of the
+// outbox.
+const (
+	HeaderSpecVersion = "ce_specversion" // always "1.0"
+	HeaderID          = "ce_id"          // the outbox event_id, stable across re-sends
+	HeaderType        = "ce_type"        // the event type
+	HeaderSource      = "ce_source"      // the producing service, a URI-reference
+	HeaderSubject     = "ce_subject"     // the aggregate id, also the record key
+	HeaderTime        = "ce_time"        // when the business transaction committed, RFC 3339
+	HeaderContentType = "content-type"   // always "application/json"
+
+	HeaderAggregateType    = "ce_aggregatetype"
+	HeaderAggregateVersion = "ce_aggregateversion" // decimal, from 1
+	HeaderSchemaVersion    = "ce_schemaversion"    // decimal, from 1
+
+	// HeaderTraceparent and HeaderTracestate carry the W3C trace context of
+	// the request that wrote the event, when it had one.
+	HeaderTraceparent = "traceparent"
+	HeaderTracestate  = "tracestate"
+)
+
+// SpecVersion is the CloudEvents version this binding writes and accepts.
+const SpecVersion = "1.0"
+
+// Bounds on decoded attributes. They are generous for real events and keep
+// a hostile record from storing megabytes in an index.
+const (
+	MaxIDBytes        = 36 // the canonical UUID form
+	MaxTypeBytes      = 255
+	MaxSourceBytes    = 1024
+	MaxAggregateBytes = 1024
+	maxTracestate     = 512
+)
+
+// ErrInvalid marks a record that does not follow the binding. Decoding it
+// again can only fail again.
+var ErrInvalid = errors.New("invalid CloudEvents record")
+
+// Event is one event as it travels in a record.
+type Event struct {
+	// ID is the outbox event_id: consumers deduplicate on it.
+	ID uuid.UUID
+	// Type is the event type, e.g. "invoice.issued".
+	Type string
+	// Source names the producing service (ce_source).
+	Source string
+	// Time is when the business transaction committed.
+	Time             time.Time
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	SchemaVersion    int
+	// Traceparent and Tracestate are the W3C trace context, if any.
+	Traceparent string
+	Tracestate  string
+	// Data is the JSON payload, the record value.
+	Data []byte
+}
+
+// Record builds the Kafka record of e for topic.
+func Record(topic string, e Event) *kgo.Record {
+	h := make([]kgo.RecordHeader, 0, 12)
+	add := func(k, v string) { h = append(h, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
+	add(HeaderSpecVersion, SpecVersion)
+	add(HeaderID, e.ID.String())
+	add(HeaderType, e.Type)
+	add(HeaderSource, e.Source)
+	add(HeaderSubject, e.AggregateID)
+	add(HeaderTime, e.Time.UTC().Format(time.RFC3339Nano))
+	add(HeaderContentType, "application/json")
+	add(HeaderAggregateType, e.AggregateType)
+	add(HeaderAggregateVersion, strconv.FormatInt(e.AggregateVersion, 10))
+	add(HeaderSchemaVersion, strconv.Itoa(e.SchemaVersion))
+	if e.Traceparent != "" {
+		add(HeaderTraceparent, e.Traceparent)
+		if e.Tracestate != "" {
+			add(HeaderTracestate, e.Tracestate)
+		}
+	}
+	return &kgo.Record{Topic: topic, Key: []byte(e.AggregateID), Value: e.Data, Headers: h}
+}
+
+// Decode reads an event from a record written by Record (or by any producer
+// of the same binding). Every error wraps ErrInvalid and says which
+// attribute is wrong; values are quoted with %q so an error can be logged
+// and stored safely whatever bytes the record held.
+func Decode(r *kgo.Record) (Event, error) {
+	h, err := headers(r)
+	if err != nil {
+		return Event{}, err
+	}
+	if v := h[HeaderSpecVersion]; v != SpecVersion {
+		return Event{}, invalid("%s %q is not %s", HeaderSpecVersion, clip(v), SpecVersion)
+	}
+	var e Event
+	id := h[HeaderID]
+	if e.ID, err = uuid.Parse(id); err != nil || len(id) != MaxIDBytes || e.ID == uuid.Nil {
+		return Event{}, invalid("%s %q is not a UUID", HeaderID, clip(id))
+	}
+	if e.Type, err = text(h, HeaderType, MaxTypeBytes); err != nil {
+		return Event{}, err
+	}
+	if e.Source, err = text(h, HeaderSource, MaxSourceBytes); err != nil {
+		return Event{}, err
+	}
+	if e.AggregateType, err = text(h, HeaderAggregateType, MaxAggregateBytes); err != nil {
+		return Event{}, err
+	}
+	e.AggregateID = string(r.Key)
+	subject, hasSubject := h[HeaderSubject]
+	if e.AggregateID == "" {
+		e.AggregateID = subject
+	}
+	if !validText(e.AggregateID, MaxAggregateBytes) || (hasSubject && subject != e.AggregateID) {
+		return Event{}, invalid("record key %q and %s %q do not name one aggregate", clip(string(r.Key)), HeaderSubject, clip(subject))
+	}
+	v := h[HeaderAggregateVersion]
+	if e.AggregateVersion, err = strconv.ParseInt(v, 10, 64); err != nil || e.AggregateVersion < 1 {
+		return Event{}, invalid("%s %q is not a positive integer", HeaderAggregateVersion, clip(v))
+	}
+	sv := h[HeaderSchemaVersion]
+	n, err := strconv.ParseInt(sv, 10, 32)
+	if err != nil || n < 1 {
+		return Event{}, invalid("%s %q is not a positive integer", HeaderSchemaVersion, clip(sv))
+	}
+	e.SchemaVersion = int(n)
+	switch t, ok := h[HeaderTime]; {
+	case !ok:
+		e.Time = r.Timestamp
+	default:
+		if e.Time, err = time.Parse(time.RFC3339Nano, t); err != nil {
+			return Event{}, invalid("%s %q is not RFC 3339", HeaderTime, clip(t))
+		}
+	}
+	if ct, ok := h[HeaderContentType]; ok {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return Event{}, invalid("%s %q is not application/json", HeaderContentType, clip(ct))
+		}
+	}
+	if !json.Valid(r.Value) {
+		return Event{}, invalid("the record value is not JSON")
+	}
+	e.Data = r.Value
+	// A malformed trace context must not cost the event: it is dropped,
+	// and the event is processed without a parent span.
+	if tp := h[HeaderTraceparent]; traceparentRE.MatchString(tp) && tp[:2] != "ff" {
+		e.Traceparent = tp
+		if ts := h[HeaderTracestate]; len(ts) <= maxTracestate && validText(ts, maxTracestate) {
+			e.Tracestate = ts
+		}
+	}
+	return e, nil
+}
+
+var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+
+// headers indexes the record's headers by lower-case key. A header that
+// matters repeated with different values is ambiguous, hence invalid;
+// headers of other names are ignored, whatever they hold.
+func headers(r *kgo.Record) (map[string]string, error) {
+	h := make(map[string]string, len(r.Headers))
+	for _, kv := range r.Headers {
+		k := strings.ToLower(kv.Key)
+		if !known[k] {
+			continue
+		}
+		if prev, dup := h[k]; dup && prev != string(kv.Value) {
+			return nil, invalid("header %s appears twice with different values", k)
+		}
+		h[k] = string(kv.Value)
+	}
+	return h, nil
+}
+
+var known = map[string]bool{
+	HeaderSpecVersion: true, HeaderID: true, HeaderType: true, HeaderSource: true, HeaderSubject: true,
+	HeaderTime: true, HeaderContentType: true, HeaderAggregateType: true, HeaderAggregateVersion: true,
+	HeaderSchemaVersion: true, HeaderTraceparent: true, HeaderTracestate: true,
+}
+
+// text returns a required textual attribute after checking it.
+func text(h map[string]string, name string, max int) (string, error) {
+	v, ok := h[name]
+	if !ok || v == "" {
+		return "", invalid("%s is missing", name)
+	}
+	if !validText(v, max) {
+		return "", invalid("%s %q is not printable UTF-8 of at most %d bytes", name, clip(v), max)
+	}
+	return v, nil
+}
+
+// validText reports whether s is non-empty, at most max bytes, valid UTF-8
+// and free of control characters: what PostgreSQL text, logs and metric
+// labels accept without surprises (a NUL is refused by text columns).
+func validText(s string, max int) bool {
+	if s == "" || len(s) > max || !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// clip bounds a hostile value quoted in an error message.
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))
+}
