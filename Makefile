@@ -17,8 +17,9 @@ demo: ## Run the whole demo locally: dev broker, orders API + relay, notifier, M
 	./scripts/demo.sh
 
 .PHONY: test
-test: lint sqlc-check ## Lint, check generated code, then run every test with the race detector.
+test: lint sqlc-check ## Lint, check generated code, run every test with the race detector, then fuzz each decoder briefly.
 	go test $(GO_TEST_FLAGS) ./...
+	$(MAKE) fuzz FUZZTIME=5s
 
 .PHONY: test-short
 test-short: ## Run the tests without the race detector (quicker feedback).
@@ -62,6 +63,18 @@ bench: ## Run the benchmarks (write path, relay drain, consumer throughput), fiv
 bench-smoke: ## Run every benchmark for one iteration, so they keep working (CI does this).
 	go test -run '^$$' -bench . -benchtime 1x ./internal/...
 
+# Every decoder of outside input, with the package that holds its fuzz
+# target: HTTP bodies, Kafka records (the wire format, the inbox's
+# decode-or-park contract, the notifier's order events).
+FUZZ_TARGETS := \
+	./internal/ordersapi:FuzzCreateOrder \
+	./internal/outbox/cloudevents:FuzzDecode \
+	./internal/inbox:FuzzRecord \
+	./internal/notify:FuzzDecodeRecord
+FUZZTIME ?= 60s
+
 .PHONY: fuzz
-fuzz: ## Fuzz request decoding for a minute.
-	go test ./internal/ordersapi -run '^$$' -fuzz FuzzCreateOrder -fuzztime 60s
+fuzz: ## Fuzz every decoder for FUZZTIME each (default 60s; make test runs 5s each).
+	@for t in $(FUZZ_TARGETS); do pkg=$${t%%:*}; fn=$${t##*:}; \
+	  echo "go test $$pkg -run '^$$' -fuzz '^$$fn\$$' -fuzztime $(FUZZTIME)"; \
+	  go test $$pkg -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZTIME) || exit 1; done

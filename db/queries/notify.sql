@@ -113,6 +113,14 @@ UPDATE email_send
 SET state = 'failed', last_error_class = @error_class::text, last_error = left(@last_error::text, 1024)
 WHERE operation_key = @operation_key AND claim_token = @claim_token::uuid AND state = 'sending';
 
+-- name: EmailSendMarkSkipped :execrows
+-- A claimed row the sender decided not to send (its event is stale): no
+-- send was attempted, so the attempt the claim counted is given back.
+UPDATE email_send
+SET state = 'skipped', skip_reason = @skip_reason::text, attempts = attempts - 1,
+    claim_token = NULL, claimed_by = NULL, sending_since = NULL
+WHERE operation_key = @operation_key AND claim_token = @claim_token::uuid AND state = 'sending';
+
 -- name: EmailSendRelease :execrows
 -- Gives back a claimed row that a stopping sender did not start sending, so
 -- it is not mistaken for a crashed send.

@@ -1,6 +1,7 @@
 package notify
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -216,6 +217,7 @@ type ev struct {
 	version       int64
 	schemaVersion string
 	payload       map[string]any
+	time          time.Time // ce_time; now when zero
 }
 
 func (o *order) next(typ string, fields map[string]any) ev {
@@ -257,7 +259,7 @@ func (o *order) record(t testing.TB, e ev) *kgo.Record {
 		Headers: []kgo.RecordHeader{
 			h("ce_specversion", "1.0"), h("ce_id", e.id.String()), h("ce_type", e.typ),
 			h("ce_source", "/orders"), h("ce_subject", o.id.String()),
-			h("ce_time", time.Now().UTC().Format(time.RFC3339Nano)), h("content-type", "application/json"),
+			h("ce_time", cmp.Or(e.time, time.Now()).UTC().Format(time.RFC3339Nano)), h("content-type", "application/json"),
 			h("ce_aggregatetype", "order"), h("ce_aggregateversion", strconv.FormatInt(e.version, 10)),
 			h("ce_schemaversion", e.schemaVersion),
 		},

@@ -176,6 +176,19 @@ func (s *Sender) sendNext(ctx context.Context) (bool, error) {
 		s.release(bg, token, row)
 		return false, nil
 	}
+	if row.Attempts == 1 && row.EventTime != nil && time.Since(*row.EventTime) > s.cfg.MaxAge {
+		// First chance to send, and already too old: the same rule as
+		// skipStale, for a row written after this pass began.
+		if _, err := notifydb.New(s.pool).EmailSendMarkSkipped(bg, notifydb.EmailSendMarkSkippedParams{
+			SkipReason: SkipStale, OperationKey: row.OperationKey, ClaimToken: token,
+		}); err != nil {
+			return false, fmt.Errorf("skip stale email: %w", err)
+		}
+		s.metrics.Emails.WithLabelValues(ResultSkipped).Inc()
+		s.log.WarnContext(ctx, "email skipped: its event was older than EMAIL_MAX_AGE before it could be sent",
+			slog.String("event_id", row.EventID.String()), slog.String("event_type", row.EventType), slog.Duration("max_age", s.cfg.MaxAge))
+		return true, nil
+	}
 	// Results are recorded even while stopping: a sent email must end up
 	// 'sent', never left for the sweep to call unknown.
 	s.send(bg, token, row)

@@ -474,6 +474,29 @@ func (q *Queries) EmailSendMarkSent(ctx context.Context, arg EmailSendMarkSentPa
 	return result.RowsAffected(), nil
 }
 
+const emailSendMarkSkipped = `-- name: EmailSendMarkSkipped :execrows
+UPDATE email_send
+SET state = 'skipped', skip_reason = $1::text, attempts = attempts - 1,
+    claim_token = NULL, claimed_by = NULL, sending_since = NULL
+WHERE operation_key = $2 AND claim_token = $3::uuid AND state = 'sending'
+`
+
+type EmailSendMarkSkippedParams struct {
+	SkipReason   string
+	OperationKey string
+	ClaimToken   uuid.UUID
+}
+
+// A claimed row the sender decided not to send (its event is stale): no
+// send was attempted, so the attempt the claim counted is given back.
+func (q *Queries) EmailSendMarkSkipped(ctx context.Context, arg EmailSendMarkSkippedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, emailSendMarkSkipped, arg.SkipReason, arg.OperationKey, arg.ClaimToken)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const emailSendMarkUnknown = `-- name: EmailSendMarkUnknown :execrows
 UPDATE email_send
 SET state = 'unknown',
