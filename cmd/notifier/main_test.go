@@ -16,10 +16,13 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/notify"
 	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/pgtest"
@@ -399,3 +402,23 @@ func TestEmailsSkipped(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestReadyzReportsConsumer: /readyz carries the consumer's own view as
+// information (degraded, stalled partitions) without letting it decide the
+// status, which follows the database and the schema.
+func TestReadyzReportsConsumer(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, migrations.Notifier()...)
+	h := notify.Health{Degraded: "since 2026-01-01T00:00:00Z: database unreachable", Stalled: []string{"orders.events/3 (lag 7, …)"}}
+	srv := httptest.NewServer(newHandler(db.Pool, prometheus.NewRegistry(), migrate.NewSchemaCheck(db.Pool, migrations.Notifier()),
+		func() notify.Health { return h }))
+	defer srv.Close()
+	res, err := http.Get(srv.URL + "/readyz")
+	require.NoError(t, err)
+	defer res.Body.Close()
+	var body map[string]any
+	require.NoError(t, json.NewDecoder(res.Body).Decode(&body))
+	require.Equal(t, http.StatusOK, res.StatusCode)
+	require.Equal(t, "degraded "+h.Degraded, body["consumer"])
+	require.Equal(t, []any{h.Stalled[0]}, body["stalled_partitions"])
+}

@@ -94,3 +94,27 @@ func newTestDB(t testing.TB) *testDB {
 	t.Cleanup(pool.Close)
 	return &testDB{Pool: pool, URL: url}
 }
+
+// exampleDB is newTestDB for Example functions, which have no *testing.T:
+// it panics instead of failing, and returns the cleanup to defer.
+func exampleDB() (*pgxpool.Pool, func()) {
+	t := &exampleTB{}
+	db := newTestDB(t)
+	return db.Pool, t.cleanup
+}
+
+// exampleTB is the little of testing.TB that newTestDB uses.
+type exampleTB struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (e *exampleTB) Helper()                           {}
+func (e *exampleTB) Cleanup(f func())                  { e.cleanups = append(e.cleanups, f) }
+func (e *exampleTB) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (e *exampleTB) Errorf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
+func (e *exampleTB) cleanup() {
+	for i := len(e.cleanups) - 1; i >= 0; i-- {
+		e.cleanups[i]()
+	}
+}

@@ -95,4 +95,3 @@ func unpackHeaders(b []byte) []kgo.RecordHeader {
 	}
 	return out
 }
-

@@ -263,7 +263,9 @@ func TestDatabaseOutage(t *testing.T) {
 		during = append(during, o)
 		e.produceEvents(o, o.next(TypePlaced, nil))
 	}
-	e.eventually(func() bool { return a.metric(t, "notifier_consumer_degraded")+b.metric(t, "notifier_consumer_degraded") >= 1 },
+	e.eventually(func() bool {
+		return a.metric(t, "notifier_consumer_degraded")+b.metric(t, "notifier_consumer_degraded") >= 1
+	},
 		"a member reports itself degraded")
 	e.eventually(func() bool { return len(a.Consumer.Health().Stalled)+len(b.Consumer.Health().Stalled) > 0 },
 		"the partitions that wait show as stalled")

@@ -1,0 +1,36 @@
+package inbox_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestSelfContained: the inbox is copied into other services with its
+// directory and one import-path change, so it may import nothing of this
+// module but itself and the record format it reads (the outbox's
+// cloudevents package, which a consumer copies along).
+func TestSelfContained(t *testing.T) {
+	t.Parallel()
+	mod, err := exec.Command("go", "list", "-m").Output()
+	require.NoError(t, err)
+	module := strings.TrimSpace(string(mod))
+	deps, err := exec.Command("go", "list", "-deps", "-test", "-f", "{{.ImportPath}}", ".").Output()
+	require.NoError(t, err)
+	allowed := []string{module + "/internal/inbox", module + "/internal/outbox/cloudevents"}
+	for _, dep := range strings.Fields(string(deps)) {
+		dep = strings.Fields(strings.NewReplacer("[", " ", "]", " ").Replace(dep))[0]
+		if dep != module && !strings.HasPrefix(dep, module+"/") {
+			continue
+		}
+		ok := false
+		for _, a := range allowed {
+			// The package itself, its sub-packages, and its test packages
+			// (inbox_test, inbox.test).
+			ok = ok || dep == a || strings.HasPrefix(dep, a+"/") || strings.HasPrefix(dep, a+".") || strings.HasPrefix(dep, a+"_")
+		}
+		require.True(t, ok, "the inbox depends on %s, which a service copying it would not have", dep)
+	}
+}
