@@ -44,14 +44,17 @@ const (
 
 var binDir string
 
-// TestMain builds the binaries once for every test in the package.
+// TestMain builds the binaries once for every test in the package, with
+// failpoints compiled in.
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "outboxref-e2e-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	build := exec.Command("go", "build", "-o", dir+string(os.PathSeparator), "../cmd/orders", "../cmd/notifier")
+	// The failpoints tag compiles in the crash points that FAILPOINTS arms
+	// (package failpoint); a normal build has none (TestNoFailpointsInNormalBuild).
+	build := exec.Command("go", "build", "-tags", "failpoints", "-o", dir+string(os.PathSeparator), "../cmd/orders", "../cmd/notifier")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build binaries:", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxref/orders/internal/failpoint"
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify/notifydb"
 )
@@ -457,6 +458,7 @@ func (c *Consumer) applyBatch(ctx context.Context, recs []*kgo.Record) (items []
 			}
 			items = append(items, batchItem{rec: r, event: e, res: res})
 		}
+		failpoint.Inject(failpoint.NotifierBeforeLocalCommit)
 		return nil
 	})
 	if err != nil {
@@ -533,6 +535,7 @@ func (c *Consumer) finish(ctx context.Context, it batchItem) error {
 	}
 	c.inbox.Observe(res)
 	log := c.log.With(append(e.LogAttrs(), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset))...)
+	failpoint.Inject(failpoint.NotifierAfterLocalCommit)
 	if c.afterLocalCommit != nil {
 		if err := c.afterLocalCommit(r); err != nil {
 			c.mu.Lock()

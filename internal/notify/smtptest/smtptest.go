@@ -48,6 +48,10 @@ const (
 	TempFail
 	// PermFail answers 554 (permanent).
 	PermFail
+	// Hang reads the whole message and never answers, until the client
+	// goes away or the test ends: the moment a sender dies in the middle
+	// of a send whose outcome it will never learn.
+	Hang
 )
 
 // Message is one message the server received.
@@ -432,6 +436,9 @@ func (ss *session) Data(r io.Reader) error {
 		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
 	case PermFail:
 		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "rejected"}
+	case Hang:
+		<-s.done
+		return errors.New("server stopped")
 	}
 	return nil
 }
