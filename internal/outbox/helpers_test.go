@@ -74,10 +74,17 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// relayConfig is a relay's Config plus the crash-point hooks that only
+// tests can set (export_test.go).
+type relayConfig struct {
+	outbox.Config
+	Hooks outbox.Hooks
+}
+
 // relay builds a relay with test-friendly timings; mod adjusts the config.
-func (e *env) relay(t testing.TB, mod func(*outbox.Config)) *outbox.Relay {
+func (e *env) relay(t testing.TB, mod func(*relayConfig)) *outbox.Relay {
 	t.Helper()
-	cfg := outbox.Config{
+	cfg := relayConfig{Config: outbox.Config{
 		Pool:         e.db.Pool,
 		Kafka:        e.conn,
 		Topic:        topic,
@@ -89,11 +96,11 @@ func (e *env) relay(t testing.TB, mod func(*outbox.Config)) *outbox.Relay {
 		BackoffBase:  50 * time.Millisecond,
 		BackoffCap:   500 * time.Millisecond,
 		Logger:       testLogger(),
-	}
+	}}
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := outbox.NewRelay(cfg)
+	r, err := outbox.NewRelayWithHooks(cfg.Config, cfg.Hooks)
 	require.NoError(t, err)
 	return r
 }

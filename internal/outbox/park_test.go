@@ -35,7 +35,7 @@ func TestPoison(t *testing.T) {
 	poison, laterStrict, independent, laterStrict2 := evs[0], evs[1], evs[2], evs[3]
 
 	reg := prometheus.NewRegistry()
-	r := start(t, e.relay(t, func(c *outbox.Config) { c.Registerer = reg }))
+	r := start(t, e.relay(t, func(c *relayConfig) { c.Registerer = reg }))
 	require.Eventually(t, func() bool {
 		return e.count(t, "state = 'delivered'") == 4 && e.count(t, "state = 'parked'") == 1
 	}, 10*time.Second, 10*time.Millisecond)
@@ -139,7 +139,7 @@ func TestParkOverClientLimit(t *testing.T) {
 	e := setup(t)
 	big := e.insert(t, event("big", 1, withPayload(fmt.Sprintf(`{"n": 1, "blob": %q}`, strings.Repeat("y", 8000)))))[0] // checked before compression
 	small := e.insert(t, event("small", 1))[0]
-	start(t, e.relay(t, func(c *outbox.Config) { c.MaxMessageBytes = 4096 }))
+	start(t, e.relay(t, func(c *relayConfig) { c.MaxMessageBytes = 4096 }))
 	e.waitDelivered(t, 10*time.Second)
 	require.Equal(t, "parked", e.row(t, big.ID).State)
 	require.Equal(t, "message_too_large", *e.row(t, big.ID).LastErrorClass)
