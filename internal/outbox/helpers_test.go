@@ -380,3 +380,22 @@ func (l *claimLog) all() []claimSeen {
 	defer l.mu.Unlock()
 	return append([]claimSeen(nil), l.claims...)
 }
+
+// logBuffer collects log output written from several goroutines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	return len(p), nil
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
