@@ -70,6 +70,9 @@ var (
 	// ErrCommitUnknown: the connection failed during COMMIT, so whether the
 	// command took effect is unknown. A client may re-read the order.
 	ErrCommitUnknown = errors.New("commit outcome unknown")
+	// ErrEventTooLarge: an event of the command would exceed the outbox's
+	// payload limit (W6). Nothing was written; the request must carry less.
+	ErrEventTooLarge = errors.New("order event too large for the outbox")
 )
 
 // VersionConflictError reports that the caller's expected version is stale.

@@ -27,10 +27,11 @@ const (
 
 // Service runs order commands and queries.
 type Service struct {
-	pool  *pgxpool.Pool
-	log   *slog.Logger
-	now   func() time.Time
-	nudge func()
+	pool   *pgxpool.Pool
+	writer *outbox.Writer // checks every event against EventTypes() before writing it
+	log    *slog.Logger
+	now    func() time.Time
+	nudge  func()
 	// afterWrite runs inside the transaction after the business write and
 	// before the outbox insert. Tests use it to inject a failure there (V1).
 	afterWrite func(ctx context.Context, command string) error
@@ -49,13 +50,23 @@ func WithNudge(f func()) Option { return func(s *Service) { s.nudge = f } }
 // WithClock sets the time source (default time.Now).
 func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = now } }
 
-// NewService returns a service over pool.
-func NewService(pool *pgxpool.Pool, opts ...Option) *Service {
-	s := &Service{pool: pool, log: slog.Default(), now: time.Now, nudge: func() {}}
+// NewService returns a service over pool. Its outbox writer is built from
+// EventTypes(), the schemas published in docs/schemas, so every event a
+// command writes has been checked against its documented contract.
+func NewService(pool *pgxpool.Pool, opts ...Option) (*Service, error) {
+	types, err := EventTypes()
+	if err != nil {
+		return nil, fmt.Errorf("order event types: %w", err)
+	}
+	w, err := outbox.NewWriter(types)
+	if err != nil {
+		return nil, fmt.Errorf("order events: %w", err)
+	}
+	s := &Service{pool: pool, writer: w, log: slog.Default(), now: time.Now, nudge: func() {}}
 	for _, o := range opts {
 		o(s)
 	}
-	return s
+	return s, nil
 }
 
 // Create places a new order for the caller. With a non-empty idempotencyKey
@@ -287,8 +298,13 @@ func (s *Service) recordEvents(ctx context.Context, tx pgx.Tx, command string, b
 	if err != nil {
 		return nil, err
 	}
-	if err := outbox.Insert(ctx, tx, events); err != nil {
-		return nil, err
+	if err := s.writer.Insert(ctx, tx, events); err != nil {
+		if errors.Is(err, outbox.ErrPayloadTooLarge) {
+			return nil, fmt.Errorf("%w: %w", ErrEventTooLarge, err)
+		}
+		// Any other refusal is a defect in the order events, not in the
+		// request: it answers 500, and nothing was written.
+		return nil, fmt.Errorf("record %s events: %w", command, err)
 	}
 	return events, nil
 }
@@ -319,7 +335,8 @@ func (s *Service) logFailure(ctx context.Context, command string, id uuid.UUID, 
 	var vc *VersionConflictError
 	var te *TransitionError
 	var ve *ValidationError
-	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrForbidden) || errors.As(err, &vc) || errors.As(err, &te) || errors.As(err, &ve) {
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrForbidden) || errors.Is(err, ErrEventTooLarge) ||
+		errors.As(err, &vc) || errors.As(err, &te) || errors.As(err, &ve) {
 		level, msg = slog.LevelInfo, "order command rejected; transaction rolled back, no event recorded"
 	}
 	s.log.Log(ctx, level, msg, "command", command, "aggregate_type", AggregateType, "aggregate_id", id, "error", err.Error())

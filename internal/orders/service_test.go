@@ -40,7 +40,9 @@ func setup(t testing.TB) *fixture {
 	db := pgtest.New(t, migrations.Orders()...)
 	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
-	return &fixture{svc: NewService(db.Pool, WithLogger(log)), pool: db.Pool, logs: logs}
+	svc, err := NewService(db.Pool, WithLogger(log))
+	require.NoError(t, err)
+	return &fixture{svc: svc, pool: db.Pool, logs: logs}
 }
 
 // newInput returns a valid order request; opts adjust it.

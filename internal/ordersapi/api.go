@@ -27,7 +27,6 @@ import (
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/orders"
-	"github.com/outboxref/orders/internal/outbox"
 )
 
 // MaxBodyBytes bounds a request body (W6); larger bodies get 413.
@@ -259,7 +258,7 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, orders.ErrIdempotencyKeyReused):
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Type: typeIdempotencyReuse, Title: "Idempotency key reused",
 			Detail: "this Idempotency-Key was already used with a different request body"})
-	case errors.Is(err, outbox.ErrPayloadTooLarge):
+	case errors.Is(err, orders.ErrEventTooLarge):
 		// W6: the event that the request would produce is too large to
 		// store; nothing was written.
 		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Type: typeTooLarge, Title: "Event too large",

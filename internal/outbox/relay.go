@@ -55,7 +55,10 @@ type Config struct {
 	// URI-reference naming the producing service, e.g. "urn:outboxref:orders".
 	Source string
 	// Types lists the event types this relay may send, with their
-	// ordering policy and JSON Schemas. Rows of other types are parked.
+	// ordering policy and JSON Schemas: usually the list the service's
+	// Writer was built with. Rows of other types or schema versions are
+	// parked. Payloads are validated by the Writer, not again here (see
+	// admit).
 	Types []EventType
 	// Owner is written to lease_owner; it must differ between relay
 	// instances and process restarts. When empty, the relay makes one from
@@ -128,7 +131,8 @@ func defaultOwner() string {
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + uuid.NewString()[:8]
 }
 
-// NewRelay checks cfg, compiles the event types' JSON Schemas and
+// NewRelay checks cfg and the event types (a JSON Schema that does not
+// compile refuses to start here rather than park events later) and
 // registers the metrics. The relay does nothing until Run.
 func NewRelay(cfg Config) (*Relay, error) {
 	if cfg.Pool == nil {
@@ -364,7 +368,7 @@ func (r *Relay) produceContext(ctx context.Context, deadline time.Time) (context
 	}
 }
 
-// publish sends every claimed row that passes its checks, concurrently,
+// publish sends every claimed row that passes admit, concurrently,
 // and waits for all answers or the deadline. Rows are handed to the
 // producer in claim order; franz-go keeps that order within a partition.
 func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []outcome {
@@ -373,7 +377,7 @@ func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []
 	var send []int
 	for i := range batch {
 		outcomes[i].claim = batch[i].claim
-		if class, err := r.types.check(batch[i].EventType, batch[i].SchemaVersion, batch[i].payload); err != nil {
+		if class, err := r.types.admit(batch[i].EventType, batch[i].SchemaVersion); err != nil {
 			outcomes[i].Err, outcomes[i].Class = err, class
 			continue
 		}

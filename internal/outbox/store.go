@@ -176,7 +176,7 @@ func (r *Relay) logFailures(ctx context.Context, failed []*outcome, released []u
 		case !matched[o.EventID]:
 			r.log.InfoContext(ctx, "outbox release matched no row: the lease was lost and another relay owns the event", attrs...)
 		case o.Class.Parks():
-			r.log.ErrorContext(ctx, "outbox event parked: it fails the same way on every attempt and waits for repair", append(attrs, "reason", safeReason(o.Err))...)
+			r.log.ErrorContext(ctx, "outbox event parked: it fails the same way on every attempt and waits for repair", append(attrs, "reason", o.Err.Error())...)
 		default:
 			byClass[o.Class]++
 			if sample == nil {
@@ -210,16 +210,6 @@ func outcomeAttrs(o *outcome) []any {
 		attrs = append(attrs, "partition", o.Partition, "offset", o.Offset)
 	}
 	return attrs
-}
-
-// safeReason is the park reason for logs: a schema failure is reduced to
-// locations and keywords, since the validator's message may quote payload
-// values.
-func safeReason(err error) string {
-	if se, ok := err.(*schemaError); ok {
-		return se.Summary()
-	}
-	return err.Error()
 }
 
 // inTx runs fn in a transaction that commits if fn returns nil and rolls
