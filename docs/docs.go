@@ -1,8 +1,9 @@
 // Package docs embeds the published event contracts.
 //
 // The JSON Schemas in docs/schemas are both the documentation consumers read
-// and the documents the relay validates payloads against before sending
-// (R5), so the two can never disagree.
+// and the documents the orders service's outbox writer validates every
+// payload against when it is written (R5, L2), so the two can never
+// disagree.
 package docs
 
 import (

@@ -12,8 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/db/migrations"
@@ -54,53 +52,14 @@ func startRelay(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.L
 	if err != nil {
 		return nil, err
 	}
-	go ensureTopic(ctx, conn, cfg.Kafka.Topic, cfg.Kafka.TopicPartitions, log)
+	go func() {
+		// It retries until the topic exists; ctx ending means the process
+		// is stopping, which needs no log line of its own.
+		if err := outbox.EnsureTopic(ctx, conn, cfg.Kafka.Topic, cfg.Kafka.TopicPartitions, log); err != nil && ctx.Err() == nil {
+			log.ErrorContext(ctx, "kafka topic not ensured", "error", err)
+		}
+	}()
 	return relay, nil
-}
-
-// ensureTopic creates the topic if it is missing, retrying with backoff
-// until it succeeds or ctx ends. It uses a client of its own, closed when
-// it returns, so it never races the relay's producer shutdown. Until the
-// topic exists, sends fail as unknown_topic and are retried like any
-// transient failure.
-func ensureTopic(ctx context.Context, conn []kgo.Opt, topic string, partitions int, log *slog.Logger) {
-	cl, err := kgo.NewClient(conn...)
-	if err != nil {
-		log.ErrorContext(ctx, "kafka admin client", "error", err)
-		return
-	}
-	defer cl.Close()
-	adm := kadm.NewClient(cl)
-	log = log.With("topic", topic, "partitions", partitions)
-	for delay := time.Second; ; delay = min(2*delay, 30*time.Second) {
-		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		// Replication factor -1: the broker's default.replication.factor.
-		_, err := adm.CreateTopic(rctx, int32(partitions), -1, nil, topic)
-		if errors.Is(err, kerr.TopicAlreadyExists) {
-			// Partitions cannot be checked before every aggregate is
-			// re-keyed, so a different count is only reported.
-			if td, derr := adm.ListTopics(rctx, topic); derr == nil && td.Has(topic) && len(td[topic].Partitions) != partitions {
-				log.WarnContext(ctx, "kafka topic exists with a different partition count", "existing_partitions", len(td[topic].Partitions))
-			}
-			cancel()
-			log.DebugContext(ctx, "kafka topic exists")
-			return
-		}
-		cancel()
-		if err == nil {
-			log.InfoContext(ctx, "kafka topic created")
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		log.WarnContext(ctx, "create kafka topic failed; retrying in the background", "error", err, "retry_in", delay.String())
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(delay):
-		}
-	}
 }
 
 // runRelayOnly is `orders relay`: the relay without the API, so that

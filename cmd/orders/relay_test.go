@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -54,41 +56,46 @@ func TestRelayConfig(t *testing.T) {
 	require.Contains(t, out.String(), "KAFKA_SASL_MECHANISM=SCRAM-SHA-512")
 }
 
-// TestEnsureTopic: the topic is created with the configured partitions,
-// in the background, even when the broker appears only after start-up.
-func TestEnsureTopic(t *testing.T) {
+// TestStartRelayCreatesTopicInBackground (O3): building the relay does not
+// wait for the broker; the topic is created in the background, with the
+// configured partitions, once the broker appears after start-up.
+func TestStartRelayCreatesTopicInBackground(t *testing.T) {
 	t.Parallel()
 	port := freePort(t)
+	vars := map[string]string{
+		"AUTH_TOKENS":             "t1=alice:customer",
+		"KAFKA_BROKERS":           net.JoinHostPort("127.0.0.1", port),
+		"ORDERS_TOPIC":            "orders.events",
+		"ORDERS_TOPIC_PARTITIONS": "6",
+	}
+	cfg, err := loadConfig(func(k string) string { return vars[k] })
+	require.NoError(t, err)
+	// The pool is never used here: the relay is built, not run.
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/none?sslmode=disable")
+	require.NoError(t, err)
+	defer pool.Close()
 	var logs testlog.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	conn := []kgo.Opt{kgo.SeedBrokers(net.JoinHostPort("127.0.0.1", port))}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		ensureTopic(ctx, conn, "orders.events", 6, log)
-	}()
 
+	began := time.Now()
+	relay, err := startRelay(ctx, cfg, pool, slog.New(slog.NewTextHandler(&logs, nil)), prometheus.NewRegistry(), orderEventTypes())
+	require.NoError(t, err)
+	require.NotNil(t, relay)
+	require.Less(t, time.Since(began), time.Second, "start-up does not wait for the broker")
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "retrying in the background") }, 30*time.Second, 20*time.Millisecond,
 		"with no broker, creation fails and is retried without blocking anyone")
+
 	c, err := kfake.NewCluster(kfake.Ports(atoi(t, port)))
 	require.NoError(t, err)
 	defer c.Close()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("topic not created within 30s of the broker appearing")
-	}
-	cl, err := kgo.NewClient(conn...)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...))
 	require.NoError(t, err)
 	defer cl.Close()
-	td, err := kadm.NewClient(cl).ListTopics(ctx, "orders.events")
-	require.NoError(t, err)
-	require.Len(t, td["orders.events"].Partitions, 6)
-
-	// A second run finds the topic and returns at once.
-	ensureTopic(ctx, conn, "orders.events", 6, log)
+	require.Eventually(t, func() bool {
+		td, err := kadm.NewClient(cl).ListTopics(ctx, "orders.events")
+		return err == nil && td.Has("orders.events") && len(td["orders.events"].Partitions) == 6
+	}, 45*time.Second, 50*time.Millisecond, "topic created with 6 partitions once the broker is up")
 }
 
 // TestRunRelayOnly: `orders relay` starts without blocking on the broker,

@@ -114,7 +114,10 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		log.Info("relay disabled (RELAY_ENABLED=false); run `orders relay` elsewhere to deliver events")
 	}
 
-	svc := orders.NewService(pool, orders.WithLogger(log), orders.WithNudge(nudge))
+	svc, err := orders.NewService(pool, orders.WithLogger(log), orders.WithNudge(nudge))
+	if err != nil {
+		return err
+	}
 	srv := &http.Server{
 		Addr: cfg.HTTPAddr,
 		Handler: ordersapi.New(ordersapi.Config{

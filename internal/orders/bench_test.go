@@ -17,7 +17,7 @@ func BenchmarkCommands(b *testing.B) {
 	b.Run("Create", func(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, _, err := f.svc.Create(ctx, alice, newInput(), "", ""); err != nil {
+				if _, _, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput()}); err != nil {
 					b.Error(err)
 					return
 				}
@@ -28,12 +28,12 @@ func BenchmarkCommands(b *testing.B) {
 		// Four events in three transactions; the cancel writes two.
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				o, _, err := f.svc.Create(ctx, alice, newInput(), "", "")
+				o, _, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput()})
 				if err == nil {
-					_, err = f.svc.Pay(ctx, alice, o.ID, 1, "")
+					_, err = f.svc.Pay(ctx, alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
 				}
 				if err == nil {
-					_, err = f.svc.Cancel(ctx, alice, o.ID, 2, "")
+					_, err = f.svc.Cancel(ctx, alice, CancelOrder{ID: o.ID, ExpectedVersion: 2})
 				}
 				if err != nil {
 					b.Error(err)

@@ -26,8 +26,9 @@ const (
 // Additive changes keep it; a breaking change gets a new version (W5).
 const schemaVersion = 1
 
-// EventTypes describes the order events to the outbox relay. Order events
-// are strict: a consumer must see an order's versions in order, and a parked
+// EventTypes describes the order events to the outbox writer and relay.
+// Their schemas are the ones published in docs/schemas. Order events are
+// strict: a consumer must see an order's versions in order, and a parked
 // event blocks the later events of its order rather than being overtaken.
 func EventTypes() ([]outbox.EventType, error) {
 	var out []outbox.EventType
@@ -83,63 +84,57 @@ type shippedV1 struct {
 	ShippedAt time.Time `json:"shipped_at"`
 }
 
-// eventsFor returns the events of a command, built from the order as the
-// transaction is committing it (after is the RETURNING row). The versions
-// are fixed here, inside the transaction: a command emitting k events moves
-// the order from version v to v+k and its events take v+1..v+k (W4).
-func eventsFor(command string, before Status, after Order, traceparent string) ([]outbox.Event, error) {
-	id := after.ID.String()
-	var payloads []struct {
-		typ string
-		v   any
+// The payload builders, one per event type, for the commands' emit lists.
+// after is the order as the transaction commits it (the RETURNING row), so
+// a payload never holds a value that was not committed (W5).
+
+func placedPayload(o Order) any {
+	return placedV1{OrderID: o.ID.String(), Customer: o.Customer, Email: o.Email, Currency: o.Currency,
+		Items: o.Items, TotalCents: o.TotalCents, PlacedAt: o.CreatedAt}
+}
+
+func paidPayload(o Order) any {
+	return paidV1{OrderID: o.ID.String(), Email: o.Email, Currency: o.Currency, TotalCents: o.TotalCents, PaidAt: o.UpdatedAt}
+}
+
+// cancelledPayload needs the status the order had before the command,
+// which the committed row no longer holds.
+func cancelledPayload(previous Status) func(Order) any {
+	return func(o Order) any {
+		return cancelledV1{OrderID: o.ID.String(), Email: o.Email, PreviousStatus: previous, CancelledAt: o.UpdatedAt}
 	}
-	add := func(typ string, v any) {
-		payloads = append(payloads, struct {
-			typ string
-			v   any
-		}{typ, v})
-	}
-	at := after.UpdatedAt
-	switch command {
-	case CommandCreate:
-		add(EventPlaced, placedV1{OrderID: id, Customer: after.Customer, Email: after.Email, Currency: after.Currency,
-			Items: after.Items, TotalCents: after.TotalCents, PlacedAt: after.CreatedAt})
-	case CommandPay:
-		add(EventPaid, paidV1{OrderID: id, Email: after.Email, Currency: after.Currency, TotalCents: after.TotalCents, PaidAt: at})
-	case CommandShip:
-		add(EventShipped, shippedV1{OrderID: id, Email: after.Email, ShippedAt: at})
-	case CommandCancel:
-		add(EventCancelled, cancelledV1{OrderID: id, Email: after.Email, PreviousStatus: before, CancelledAt: at})
-		if before == StatusPaid {
-			add(EventRefundRequested, refundRequestedV1{OrderID: id, Currency: after.Currency, AmountCents: after.TotalCents, RequestedAt: at})
-		}
-	default:
-		return nil, fmt.Errorf("no events defined for command %q", command)
-	}
-	first := after.Version - int64(len(payloads)) + 1
-	events := make([]outbox.Event, len(payloads))
-	for i, p := range payloads {
-		b, err := json.Marshal(p.v)
+}
+
+func refundRequestedPayload(o Order) any {
+	return refundRequestedV1{OrderID: o.ID.String(), Currency: o.Currency, AmountCents: o.TotalCents, RequestedAt: o.UpdatedAt}
+}
+
+func shippedPayload(o Order) any {
+	return shippedV1{OrderID: o.ID.String(), Email: o.Email, ShippedAt: o.UpdatedAt}
+}
+
+// toEvents builds the outbox events of a command from the order as the
+// transaction commits it. The command moved the order to after.Version by
+// one version per event, so its events take the versions that lead there,
+// consecutive and in the command's order (W4): a command emitting k events
+// moves the order from v to v+k and its events are v+1..v+k.
+func toEvents(emits []emit, after Order, traceparent string) ([]outbox.Event, error) {
+	first := after.Version - int64(len(emits)) + 1
+	events := make([]outbox.Event, len(emits))
+	for i, em := range emits {
+		b, err := json.Marshal(em.payload(after))
 		if err != nil {
-			return nil, fmt.Errorf("encode %s payload: %w", p.typ, err)
+			return nil, fmt.Errorf("encode %s payload: %w", em.eventType, err)
 		}
 		events[i] = outbox.Event{
 			AggregateType:    AggregateType,
-			AggregateID:      id,
+			AggregateID:      after.ID.String(),
 			AggregateVersion: first + int64(i),
-			Type:             p.typ,
+			Type:             em.eventType,
 			SchemaVersion:    schemaVersion,
 			Payload:          b,
 			Traceparent:      traceparent,
 		}
 	}
 	return events, nil
-}
-
-// eventCount is how many events, and so versions, a command adds.
-func eventCount(command string, before Status) int64 {
-	if command == CommandCancel && before == StatusPaid {
-		return 2
-	}
-	return 1
 }

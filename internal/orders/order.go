@@ -1,10 +1,15 @@
 // Package orders is the order aggregate and its application service.
 //
-// Every command runs in one short database transaction (W1): a conditional
-// UPDATE on (id, version) or an INSERT for create, then the outbox rows for
-// the events it emits, built from the values the transaction is committing
-// (W5). If any step fails, the business change and its events roll back
-// together, so there is no window in which one exists without the other.
+// Each command is a type of its own (PlaceOrder, PayOrder, CancelOrder,
+// ShipOrder), run by the Service method of the same name; what it does to
+// an order and which events it emits is decided in one place per command
+// (commands.go). Every command runs in one short database transaction
+// (W1): a conditional UPDATE on (id, version), or an INSERT to place an
+// order, then the outbox rows for the events it emits, built from the
+// values the transaction is committing (W5) and checked by the outbox
+// writer against the published schemas. If any step fails, the business
+// change and its events roll back together, so there is no window in
+// which one exists without the other.
 package orders
 
 import (
@@ -70,6 +75,9 @@ var (
 	// ErrCommitUnknown: the connection failed during COMMIT, so whether the
 	// command took effect is unknown. A client may re-read the order.
 	ErrCommitUnknown = errors.New("commit outcome unknown")
+	// ErrEventTooLarge: an event of the command would exceed the outbox's
+	// payload limit (W6). Nothing was written; the request must carry less.
+	ErrEventTooLarge = errors.New("order event too large for the outbox")
 )
 
 // VersionConflictError reports that the caller's expected version is stale.
@@ -104,17 +112,4 @@ type ValidationError struct {
 
 func (e *ValidationError) Error() string {
 	return fmt.Sprintf("invalid request: %d invalid fields", len(e.Fields))
-}
-
-// transition returns the status a command leads to from the current one.
-func transition(command string, from Status) (Status, error) {
-	switch {
-	case command == CommandPay && from == StatusPlaced:
-		return StatusPaid, nil
-	case command == CommandShip && from == StatusPaid:
-		return StatusShipped, nil
-	case command == CommandCancel && (from == StatusPlaced || from == StatusPaid):
-		return StatusCancelled, nil
-	}
-	return "", &TransitionError{Command: command, From: from}
 }

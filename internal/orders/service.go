@@ -17,20 +17,13 @@ import (
 	"github.com/outboxref/orders/internal/outbox"
 )
 
-// The commands of the order API. They name the command in logs (W7).
-const (
-	CommandCreate = "create"
-	CommandPay    = "pay"
-	CommandCancel = "cancel"
-	CommandShip   = "ship"
-)
-
 // Service runs order commands and queries.
 type Service struct {
-	pool  *pgxpool.Pool
-	log   *slog.Logger
-	now   func() time.Time
-	nudge func()
+	pool   *pgxpool.Pool
+	writer *outbox.Writer // checks every event against EventTypes() before writing it
+	log    *slog.Logger
+	now    func() time.Time
+	nudge  func()
 	// afterWrite runs inside the transaction after the business write and
 	// before the outbox insert. Tests use it to inject a failure there (V1).
 	afterWrite func(ctx context.Context, command string) error
@@ -49,28 +42,39 @@ func WithNudge(f func()) Option { return func(s *Service) { s.nudge = f } }
 // WithClock sets the time source (default time.Now).
 func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = now } }
 
-// NewService returns a service over pool.
-func NewService(pool *pgxpool.Pool, opts ...Option) *Service {
-	s := &Service{pool: pool, log: slog.Default(), now: time.Now, nudge: func() {}}
+// NewService returns a service over pool. Its outbox writer is built from
+// EventTypes(), the schemas published in docs/schemas, so every event a
+// command writes has been checked against its documented contract.
+func NewService(pool *pgxpool.Pool, opts ...Option) (*Service, error) {
+	types, err := EventTypes()
+	if err != nil {
+		return nil, fmt.Errorf("order event types: %w", err)
+	}
+	w, err := outbox.NewWriter(types)
+	if err != nil {
+		return nil, fmt.Errorf("order events: %w", err)
+	}
+	s := &Service{pool: pool, writer: w, log: slog.Default(), now: time.Now, nudge: func() {}}
 	for _, o := range opts {
 		o(s)
 	}
-	return s
+	return s, nil
 }
 
-// Create places a new order for the caller. With a non-empty idempotencyKey
-// a retry of the same request returns the order created first
-// (replayed=true) instead of creating another one (S3).
-func (s *Service) Create(ctx context.Context, p auth.Principal, in CreateInput, idempotencyKey, traceparent string) (o Order, replayed bool, err error) {
+// Place runs PlaceOrder: it creates an order for the caller. With an
+// IdempotencyKey, a retry of the same request returns the order created
+// first (replayed=true) instead of creating another one (S3).
+func (s *Service) Place(ctx context.Context, p auth.Principal, cmd PlaceOrder) (o Order, replayed bool, err error) {
 	if p.Role == auth.RoleService {
 		return Order{}, false, ErrForbidden
 	}
+	in, key := cmd.Input, cmd.IdempotencyKey
 	if err := in.Validate(); err != nil {
 		return Order{}, false, err
 	}
 	fp := in.fingerprint()
-	if idempotencyKey != "" {
-		if o, found, err := s.replay(ctx, p, idempotencyKey, fp); found || err != nil {
+	if key != "" {
+		if o, found, err := s.replay(ctx, p, key, fp); found || err != nil {
 			return o, found, err
 		}
 	}
@@ -100,31 +104,31 @@ func (s *Service) Create(ctx context.Context, p auth.Principal, in CreateInput, 
 			return fmt.Errorf("insert order lines: %w", err)
 		}
 		o = toOrder(row, lines)
-		if events, err = s.recordEvents(ctx, tx, CommandCreate, "", o, traceparent); err != nil {
+		if events, err = s.recordEvents(ctx, tx, placeCommand, cmd.emits(), o, cmd.Traceparent); err != nil {
 			return err
 		}
-		if idempotencyKey != "" {
+		if key != "" {
 			if err := q.IdempotencyKeyInsert(ctx, ordersdb.IdempotencyKeyInsertParams{
-				Customer: p.Subject, Key: idempotencyKey, RequestHash: fp, OrderID: id,
+				Customer: p.Subject, Key: key, RequestHash: fp, OrderID: id,
 			}); err != nil {
 				return fmt.Errorf("record idempotency key: %w", err)
 			}
 		}
 		return nil
 	})
-	if idempotencyKey != "" && isUniqueViolation(err, "idempotency_keys_pkey") {
+	if key != "" && isUniqueViolation(err, "idempotency_keys_pkey") {
 		// A concurrent request with the same key committed first; this
 		// transaction rolled back whole, so answer as a retry would.
-		o, found, rerr := s.replay(ctx, p, idempotencyKey, fp)
+		o, found, rerr := s.replay(ctx, p, key, fp)
 		if rerr != nil || found {
 			return o, found, rerr
 		}
 	}
 	if err != nil {
-		s.logFailure(ctx, CommandCreate, id, err)
+		s.logFailure(ctx, placeCommand, id, err)
 		return Order{}, false, err
 	}
-	s.committed(ctx, CommandCreate, events)
+	s.committed(ctx, placeCommand, events)
 	return o, false, nil
 }
 
@@ -205,90 +209,112 @@ func (s *Service) List(ctx context.Context, p auth.Principal, after *Cursor, lim
 	return out, next, nil
 }
 
-// Pay moves a placed order to paid.
-func (s *Service) Pay(ctx context.Context, p auth.Principal, id uuid.UUID, expectedVersion int64, traceparent string) (Order, error) {
-	return s.change(ctx, p, CommandPay, id, expectedVersion, traceparent)
+// Pay runs PayOrder: a placed order becomes paid.
+func (s *Service) Pay(ctx context.Context, p auth.Principal, cmd PayOrder) (Order, error) {
+	return s.change(ctx, p, command{name: payCommand, id: cmd.ID, expected: cmd.ExpectedVersion,
+		traceparent: cmd.Traceparent, decide: cmd.decide})
 }
 
-// Cancel cancels a placed or paid order. Cancelling a paid order also
-// requests a refund: two events, two versions, one transaction (W4).
-func (s *Service) Cancel(ctx context.Context, p auth.Principal, id uuid.UUID, expectedVersion int64, traceparent string) (Order, error) {
-	return s.change(ctx, p, CommandCancel, id, expectedVersion, traceparent)
+// Cancel runs CancelOrder: a placed or paid order becomes cancelled, and a
+// paid one also requests its refund, in the same transaction (W4).
+func (s *Service) Cancel(ctx context.Context, p auth.Principal, cmd CancelOrder) (Order, error) {
+	return s.change(ctx, p, command{name: cancelCommand, id: cmd.ID, expected: cmd.ExpectedVersion,
+		traceparent: cmd.Traceparent, decide: cmd.decide})
 }
 
-// Ship moves a paid order to shipped. Admins only.
-func (s *Service) Ship(ctx context.Context, p auth.Principal, id uuid.UUID, expectedVersion int64, traceparent string) (Order, error) {
-	return s.change(ctx, p, CommandShip, id, expectedVersion, traceparent)
+// Ship runs ShipOrder: a paid order becomes shipped. Admins only.
+func (s *Service) Ship(ctx context.Context, p auth.Principal, cmd ShipOrder) (Order, error) {
+	return s.change(ctx, p, command{name: shipCommand, id: cmd.ID, expected: cmd.ExpectedVersion,
+		traceparent: cmd.Traceparent, adminOnly: true, decide: cmd.decide})
 }
 
-// change runs a state-changing command: check, conditional update, outbox
-// insert, all in one transaction.
-func (s *Service) change(ctx context.Context, p auth.Principal, command string, id uuid.UUID, expected int64, traceparent string) (o Order, err error) {
+// command is what every command on an existing order has in common, taken
+// from its typed command by the Service method that runs it.
+type command struct {
+	name        string // in logs (W7)
+	id          uuid.UUID
+	expected    int64 // If-Match
+	traceparent string
+	adminOnly   bool
+	// decide is the command's rule: from the current status, the next one
+	// and the events, in version order.
+	decide func(from Status) (Status, []emit, error)
+}
+
+// change runs a command on an existing order: check, conditional update,
+// outbox insert, all in one transaction.
+func (s *Service) change(ctx context.Context, p auth.Principal, c command) (o Order, err error) {
 	var events []outbox.Event
 	err = s.inTx(ctx, func(tx pgx.Tx, q *ordersdb.Queries) error {
-		cur, err := q.OrderGet(ctx, id)
+		cur, err := q.OrderGet(ctx, c.id)
 		if errors.Is(err, pgx.ErrNoRows) || (err == nil && !canSee(p, cur.Customer)) {
 			return ErrNotFound
 		}
 		if err != nil {
 			return fmt.Errorf("read order: %w", err)
 		}
-		if p.Role == auth.RoleService || (command == CommandShip && p.Role != auth.RoleAdmin) {
+		if p.Role == auth.RoleService || (c.adminOnly && p.Role != auth.RoleAdmin) {
 			return ErrForbidden
 		}
-		if cur.Version != expected {
-			return &VersionConflictError{Expected: expected, Current: cur.Version}
+		if cur.Version != c.expected {
+			return &VersionConflictError{Expected: c.expected, Current: cur.Version}
 		}
-		before := Status(cur.Status)
-		next, err := transition(command, before)
+		next, emits, err := c.decide(Status(cur.Status))
 		if err != nil {
 			return err
 		}
 		row, err := q.OrderUpdateStatus(ctx, ordersdb.OrderUpdateStatusParams{
-			ID: id, ExpectedVersion: expected, Status: string(next),
-			NewVersion: expected + eventCount(command, before), Now: s.now(),
+			ID: c.id, ExpectedVersion: c.expected, Status: string(next),
+			// One version per event (W4).
+			NewVersion: c.expected + int64(len(emits)), Now: s.now(),
 		})
 		if errors.Is(err, pgx.ErrNoRows) {
 			// Another command changed the order between our read and our
 			// update; the version condition refused to overwrite it.
-			current := expected
-			if c, gerr := q.OrderGet(ctx, id); gerr == nil {
-				current = c.Version
+			current := c.expected
+			if latest, gerr := q.OrderGet(ctx, c.id); gerr == nil {
+				current = latest.Version
 			}
-			return &VersionConflictError{Expected: expected, Current: current}
+			return &VersionConflictError{Expected: c.expected, Current: current}
 		}
 		if err != nil {
 			return fmt.Errorf("update order: %w", err)
 		}
-		lines, err := q.OrderLinesList(ctx, id)
+		lines, err := q.OrderLinesList(ctx, c.id)
 		if err != nil {
 			return fmt.Errorf("read order lines: %w", err)
 		}
 		o = toOrder(row, lines)
-		events, err = s.recordEvents(ctx, tx, command, before, o, traceparent)
+		events, err = s.recordEvents(ctx, tx, c.name, emits, o, c.traceparent)
 		return err
 	})
 	if err != nil {
-		s.logFailure(ctx, command, id, err)
+		s.logFailure(ctx, c.name, c.id, err)
 		return Order{}, err
 	}
-	s.committed(ctx, command, events)
+	s.committed(ctx, c.name, events)
 	return o, nil
 }
 
-// recordEvents writes the command's events into the outbox inside tx.
-func (s *Service) recordEvents(ctx context.Context, tx pgx.Tx, command string, before Status, after Order, traceparent string) ([]outbox.Event, error) {
+// recordEvents writes a command's events into the outbox inside tx, built
+// from after, the order as tx is committing it (W5).
+func (s *Service) recordEvents(ctx context.Context, tx pgx.Tx, command string, emits []emit, after Order, traceparent string) ([]outbox.Event, error) {
 	if s.afterWrite != nil {
 		if err := s.afterWrite(ctx, command); err != nil {
 			return nil, err
 		}
 	}
-	events, err := eventsFor(command, before, after, traceparent)
+	events, err := toEvents(emits, after, traceparent)
 	if err != nil {
 		return nil, err
 	}
-	if err := outbox.Insert(ctx, tx, events); err != nil {
-		return nil, err
+	if err := s.writer.Insert(ctx, tx, events); err != nil {
+		if errors.Is(err, outbox.ErrPayloadTooLarge) {
+			return nil, fmt.Errorf("%w: %w", ErrEventTooLarge, err)
+		}
+		// Any other refusal is a defect in the order events, not in the
+		// request: it answers 500, and nothing was written.
+		return nil, fmt.Errorf("record %s events: %w", command, err)
 	}
 	return events, nil
 }
@@ -319,7 +345,8 @@ func (s *Service) logFailure(ctx context.Context, command string, id uuid.UUID, 
 	var vc *VersionConflictError
 	var te *TransitionError
 	var ve *ValidationError
-	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrForbidden) || errors.As(err, &vc) || errors.As(err, &te) || errors.As(err, &ve) {
+	if errors.Is(err, ErrNotFound) || errors.Is(err, ErrForbidden) || errors.Is(err, ErrEventTooLarge) ||
+		errors.As(err, &vc) || errors.As(err, &te) || errors.As(err, &ve) {
 		level, msg = slog.LevelInfo, "order command rejected; transaction rolled back, no event recorded"
 	}
 	s.log.Log(ctx, level, msg, "command", command, "aggregate_type", AggregateType, "aggregate_id", id, "error", err.Error())

@@ -40,7 +40,9 @@ func setup(t testing.TB) *fixture {
 	db := pgtest.New(t, migrations.Orders()...)
 	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
-	return &fixture{svc: NewService(db.Pool, WithLogger(log)), pool: db.Pool, logs: logs}
+	svc, err := NewService(db.Pool, WithLogger(log))
+	require.NoError(t, err)
+	return &fixture{svc: svc, pool: db.Pool, logs: logs}
 }
 
 // newInput returns a valid order request; opts adjust it.
@@ -107,7 +109,7 @@ func TestAtomicity(t *testing.T) {
 		t.Parallel()
 		f := setup(t)
 		f.svc.afterWrite = func(context.Context, string) error { return errInjected }
-		_, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+		_, _, err := f.svc.Place(context.Background(), alice, PlaceOrder{Input: newInput()})
 		require.ErrorIs(t, err, errInjected)
 		require.Zero(t, f.count(t, "orders"), "the order row must roll back with the failed outbox write")
 		require.Zero(t, f.count(t, "order_lines"))
@@ -117,10 +119,10 @@ func TestAtomicity(t *testing.T) {
 	t.Run("PayFailsAfterBusinessWrite", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t)
-		o, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+		o, _, err := f.svc.Place(context.Background(), alice, PlaceOrder{Input: newInput()})
 		require.NoError(t, err)
 		f.svc.afterWrite = func(context.Context, string) error { return errInjected }
-		_, err = f.svc.Pay(context.Background(), alice, o.ID, 1, "")
+		_, err = f.svc.Pay(context.Background(), alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
 		require.ErrorIs(t, err, errInjected)
 		got, err := f.svc.Get(context.Background(), alice, o.ID)
 		require.NoError(t, err)
@@ -134,14 +136,14 @@ func TestAtomicity(t *testing.T) {
 	t.Run("OutboxConstraintViolationRollsBackOrder", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t)
-		o, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+		o, _, err := f.svc.Place(context.Background(), alice, PlaceOrder{Input: newInput()})
 		require.NoError(t, err)
 		// Another writer already holds version 2 of this aggregate: the
 		// unique constraint fails the outbox insert, after the update.
 		_, err = f.pool.Exec(context.Background(), `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
 			VALUES ($1, 'order', $2, 2, 'order.paid', 1, '{}')`, uuid.New(), o.ID.String())
 		require.NoError(t, err)
-		_, err = f.svc.Pay(context.Background(), alice, o.ID, 1, "")
+		_, err = f.svc.Pay(context.Background(), alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
 		require.Error(t, err)
 		got, err := f.svc.Get(context.Background(), alice, o.ID)
 		require.NoError(t, err)
@@ -152,7 +154,7 @@ func TestAtomicity(t *testing.T) {
 	t.Run("CommittedTogether", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t)
-		o, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+		o, _, err := f.svc.Place(context.Background(), alice, PlaceOrder{Input: newInput()})
 		require.NoError(t, err)
 		rows := f.outbox(t, o.ID.String())
 		require.Len(t, rows, 1)
@@ -164,10 +166,10 @@ func TestAtomicity(t *testing.T) {
 func TestFailureLogNamesCommandAndNeverClaimsDelivery(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	o, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+	o, _, err := f.svc.Place(context.Background(), alice, PlaceOrder{Input: newInput()})
 	require.NoError(t, err)
 	f.svc.afterWrite = func(context.Context, string) error { return errInjected }
-	_, err = f.svc.Pay(context.Background(), alice, o.ID, 1, "")
+	_, err = f.svc.Pay(context.Background(), alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
 	require.ErrorIs(t, err, errInjected)
 
 	var line map[string]any
@@ -179,7 +181,7 @@ func TestFailureLogNamesCommandAndNeverClaimsDelivery(t *testing.T) {
 		}
 	}
 	require.NotNil(t, line, "a failed transaction must be logged at error level")
-	require.Equal(t, CommandPay, line["command"])
+	require.Equal(t, payCommand, line["command"])
 	require.Equal(t, o.ID.String(), line["aggregate_id"])
 	require.Equal(t, AggregateType, line["aggregate_type"])
 	msg := strings.ToLower(line["msg"].(string))
@@ -197,14 +199,14 @@ func TestEventPayloads(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 	q3, p3 := int64(1), int64(999)
-	o, _, err := f.svc.Create(ctx, alice, newInput(func(in *CreateInput) {
+	o, _, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput(func(in *CreateInput) {
 		in.Items = append(in.Items, LineInput{SKU: "SKU-2", Quantity: &q3, UnitPriceCents: &p3})
-	}), "", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+	}), Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
 	require.NoError(t, err)
 	require.EqualValues(t, 2*1250+999, o.TotalCents)
-	paid, err := f.svc.Pay(ctx, alice, o.ID, 1, "")
+	paid, err := f.svc.Pay(ctx, alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
 	require.NoError(t, err)
-	cancelled, err := f.svc.Cancel(ctx, alice, o.ID, 2, "")
+	cancelled, err := f.svc.Cancel(ctx, alice, CancelOrder{ID: o.ID, ExpectedVersion: 2})
 	require.NoError(t, err)
 	require.EqualValues(t, 4, cancelled.Version)
 	require.Equal(t, StatusCancelled, cancelled.Status)
@@ -289,29 +291,29 @@ func TestTransitionsAndPermissions(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
-	o, _, err := f.svc.Create(ctx, alice, newInput(), "", "")
+	o, _, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput()})
 	require.NoError(t, err)
 
 	_, err = f.svc.Get(ctx, bob, o.ID)
 	require.ErrorIs(t, err, ErrNotFound, "another customer's order is invisible")
-	_, err = f.svc.Pay(ctx, bob, o.ID, 1, "")
+	_, err = f.svc.Pay(ctx, bob, PayOrder{ID: o.ID, ExpectedVersion: 1})
 	require.ErrorIs(t, err, ErrNotFound)
-	_, err = f.svc.Ship(ctx, alice, o.ID, 1, "")
+	_, err = f.svc.Ship(ctx, alice, ShipOrder{ID: o.ID, ExpectedVersion: 1})
 	require.ErrorIs(t, err, ErrForbidden, "only admins ship")
-	_, err = f.svc.Ship(ctx, ops, o.ID, 1, "")
+	_, err = f.svc.Ship(ctx, ops, ShipOrder{ID: o.ID, ExpectedVersion: 1})
 	var te *TransitionError
 	require.ErrorAs(t, err, &te, "a placed order cannot ship")
-	_, err = f.svc.Pay(ctx, alice, o.ID, 7, "")
+	_, err = f.svc.Pay(ctx, alice, PayOrder{ID: o.ID, ExpectedVersion: 7})
 	var vc *VersionConflictError
 	require.ErrorAs(t, err, &vc)
 	require.EqualValues(t, 1, vc.Current)
 
-	_, err = f.svc.Pay(ctx, alice, o.ID, 1, "")
+	_, err = f.svc.Pay(ctx, alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
 	require.NoError(t, err)
-	shipped, err := f.svc.Ship(ctx, ops, o.ID, 2, "")
+	shipped, err := f.svc.Ship(ctx, ops, ShipOrder{ID: o.ID, ExpectedVersion: 2})
 	require.NoError(t, err)
 	require.Equal(t, StatusShipped, shipped.Status)
-	_, err = f.svc.Cancel(ctx, alice, o.ID, 3, "")
+	_, err = f.svc.Cancel(ctx, alice, CancelOrder{ID: o.ID, ExpectedVersion: 3})
 	require.ErrorAs(t, err, &te, "a shipped order cannot be cancelled")
 	require.Len(t, f.outbox(t, o.ID.String()), 3)
 }
@@ -321,19 +323,19 @@ func TestIdempotencyKey(t *testing.T) {
 	f := setup(t)
 	ctx := context.Background()
 
-	first, replayed, err := f.svc.Create(ctx, alice, newInput(), "key-1", "")
+	first, replayed, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput(), IdempotencyKey: "key-1"})
 	require.NoError(t, err)
 	require.False(t, replayed)
-	again, replayed, err := f.svc.Create(ctx, alice, newInput(), "key-1", "")
+	again, replayed, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput(), IdempotencyKey: "key-1"})
 	require.NoError(t, err)
 	require.True(t, replayed)
 	require.Equal(t, first.ID, again.ID)
 
-	_, _, err = f.svc.Create(ctx, alice, newInput(func(in *CreateInput) { in.Currency = "USD" }), "key-1", "")
+	_, _, err = f.svc.Place(ctx, alice, PlaceOrder{Input: newInput(func(in *CreateInput) { in.Currency = "USD" }), IdempotencyKey: "key-1"})
 	require.ErrorIs(t, err, ErrIdempotencyKeyReused)
 
 	// Keys are scoped to the customer: Bob's key-1 is a different key.
-	bobs, replayed, err := f.svc.Create(ctx, bob, newInput(), "key-1", "")
+	bobs, replayed, err := f.svc.Place(ctx, bob, PlaceOrder{Input: newInput(), IdempotencyKey: "key-1"})
 	require.NoError(t, err)
 	require.False(t, replayed)
 	require.NotEqual(t, first.ID, bobs.ID)
@@ -345,7 +347,7 @@ func TestIdempotencyKey(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			o, _, err := f.svc.Create(ctx, alice, newInput(), "key-race", "")
+			o, _, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput(), IdempotencyKey: "key-race"})
 			if err == nil {
 				ids[i] = o.ID
 			}
@@ -362,7 +364,7 @@ func TestIdempotencyKey(t *testing.T) {
 func TestListRejectsBadLimits(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	_, _, err := f.svc.Create(context.Background(), alice, newInput(), "", "")
+	_, _, err := f.svc.Place(context.Background(), alice, PlaceOrder{Input: newInput()})
 	require.NoError(t, err)
 	for _, limit := range []int{0, -1, MaxPageSize + 1} {
 		_, _, err := f.svc.List(context.Background(), alice, nil, limit)

@@ -27,7 +27,6 @@ import (
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/orders"
-	"github.com/outboxref/orders/internal/outbox"
 )
 
 // MaxBodyBytes bounds a request body (W6); larger bodies get 413.
@@ -92,9 +91,9 @@ func New(cfg Config) http.Handler {
 		r.Post("/orders", a.createOrder)
 		r.Get("/orders", a.listOrders)
 		r.Get("/orders/{id}", a.getOrder)
-		r.Post("/orders/{id}/pay", a.command(orders.CommandPay))
-		r.Post("/orders/{id}/cancel", a.command(orders.CommandCancel))
-		r.Post("/orders/{id}/ship", a.command(orders.CommandShip))
+		r.Post("/orders/{id}/pay", a.payOrder)
+		r.Post("/orders/{id}/cancel", a.cancelOrder)
+		r.Post("/orders/{id}/ship", a.shipOrder)
 	})
 	return r
 }
@@ -135,7 +134,7 @@ func (a *api) createOrder(w http.ResponseWriter, r *http.Request) {
 	if !a.decode(w, r, &in) {
 		return
 	}
-	o, replayed, err := a.Service.Create(r.Context(), p, in, key, traceparent(r))
+	o, replayed, err := a.Service.Place(r.Context(), p, orders.PlaceOrder{Input: in, IdempotencyKey: key, Traceparent: traceparent(r)})
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -201,37 +200,58 @@ func (a *api) listOrders(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// command handles POST /orders/{id}/{pay,cancel,ship}. If-Match carries the
-// version the client last saw; the service's conditional update enforces it.
-func (a *api) command(name string) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		p, _ := auth.FromContext(r.Context())
-		id, ok := orderID(w, r)
-		if !ok {
-			return
-		}
-		version, ok := ifMatch(w, r)
-		if !ok {
-			return
-		}
-		var (
-			o   orders.Order
-			err error
-		)
-		switch name {
-		case orders.CommandPay:
-			o, err = a.Service.Pay(r.Context(), p, id, version, traceparent(r))
-		case orders.CommandCancel:
-			o, err = a.Service.Cancel(r.Context(), p, id, version, traceparent(r))
-		case orders.CommandShip:
-			o, err = a.Service.Ship(r.Context(), p, id, version, traceparent(r))
-		}
-		if err != nil {
-			a.fail(w, r, err)
-			return
-		}
-		writeOrder(w, http.StatusOK, o)
+// payOrder handles POST /orders/{id}/pay.
+func (a *api) payOrder(w http.ResponseWriter, r *http.Request) {
+	p, id, version, ok := changeRequest(w, r)
+	if !ok {
+		return
 	}
+	o, err := a.Service.Pay(r.Context(), p, orders.PayOrder{ID: id, ExpectedVersion: version, Traceparent: traceparent(r)})
+	a.writeChanged(w, r, o, err)
+}
+
+// cancelOrder handles POST /orders/{id}/cancel.
+func (a *api) cancelOrder(w http.ResponseWriter, r *http.Request) {
+	p, id, version, ok := changeRequest(w, r)
+	if !ok {
+		return
+	}
+	o, err := a.Service.Cancel(r.Context(), p, orders.CancelOrder{ID: id, ExpectedVersion: version, Traceparent: traceparent(r)})
+	a.writeChanged(w, r, o, err)
+}
+
+// shipOrder handles POST /orders/{id}/ship.
+func (a *api) shipOrder(w http.ResponseWriter, r *http.Request) {
+	p, id, version, ok := changeRequest(w, r)
+	if !ok {
+		return
+	}
+	o, err := a.Service.Ship(r.Context(), p, orders.ShipOrder{ID: id, ExpectedVersion: version, Traceparent: traceparent(r)})
+	a.writeChanged(w, r, o, err)
+}
+
+// changeRequest reads what every command on an existing order needs: the
+// caller, the order id, and the version the client last saw (If-Match),
+// which the service's conditional update enforces. It answers the request
+// itself when one is missing or malformed.
+func changeRequest(w http.ResponseWriter, r *http.Request) (auth.Principal, uuid.UUID, int64, bool) {
+	p, _ := auth.FromContext(r.Context())
+	id, ok := orderID(w, r)
+	if !ok {
+		return p, uuid.Nil, 0, false
+	}
+	version, ok := ifMatch(w, r)
+	return p, id, version, ok
+}
+
+// writeChanged answers a command on an existing order: the order at its
+// new version, or the problem.
+func (a *api) writeChanged(w http.ResponseWriter, r *http.Request, o orders.Order, err error) {
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeOrder(w, http.StatusOK, o)
 }
 
 // fail maps a service error to its problem response. Anything unexpected
@@ -259,7 +279,7 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, orders.ErrIdempotencyKeyReused):
 		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Type: typeIdempotencyReuse, Title: "Idempotency key reused",
 			Detail: "this Idempotency-Key was already used with a different request body"})
-	case errors.Is(err, outbox.ErrPayloadTooLarge):
+	case errors.Is(err, orders.ErrEventTooLarge):
 		// W6: the event that the request would produce is too large to
 		// store; nothing was written.
 		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Type: typeTooLarge, Title: "Event too large",

@@ -50,7 +50,8 @@ func setup(t *testing.T, opts ...func(*setupOpts)) *client {
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
 	var mu sync.Mutex
 	nudges := 0
-	svc := orders.NewService(db.Pool, orders.WithLogger(log), orders.WithNudge(func() { mu.Lock(); nudges++; mu.Unlock() }))
+	svc, err := orders.NewService(db.Pool, orders.WithLogger(log), orders.WithNudge(func() { mu.Lock(); nudges++; mu.Unlock() }))
+	require.NoError(t, err)
 	ready := o.ready
 	if ready == nil {
 		ready = db.Pool.Ping

@@ -33,7 +33,9 @@ func FuzzCreateOrder(f *testing.F) {
 	tokens, err := auth.ParseTokens(devTokens)
 	require.NoError(f, err)
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	h := ordersapi.New(ordersapi.Config{Service: orders.NewService(db.Pool, orders.WithLogger(log)), Tokens: tokens, Log: log, Ready: db.Pool.Ping})
+	svc, err := orders.NewService(db.Pool, orders.WithLogger(log))
+	require.NoError(f, err)
+	h := ordersapi.New(ordersapi.Config{Service: svc, Tokens: tokens, Log: log, Ready: db.Pool.Ping})
 
 	f.Fuzz(func(t *testing.T, body []byte, key string) {
 		req := httptest.NewRequest(http.MethodPost, "/orders", bytes.NewReader(body))

@@ -51,7 +51,7 @@ func BenchmarkRelayDrain(b *testing.B) {
 				began := time.Now()
 				var rs []*running
 				for i := range bc.relays {
-					rs = append(rs, start(b, e.relay(b, func(c *outbox.Config) {
+					rs = append(rs, start(b, e.relay(b, func(c *relayConfig) {
 						c.Owner = fmt.Sprintf("bench-%d", i)
 						c.BatchSize = 200
 						c.PollInterval = 20 * time.Millisecond

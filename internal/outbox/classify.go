@@ -40,19 +40,26 @@ const (
 
 // Deterministic classes: sending the row again fails the same way, so it is
 // parked with its reason (R5) until an operator repairs and resumes it (O4).
+// A payload that fails its JSON Schema has no class: the Writer refuses it
+// before it is written.
 const (
-	ClassMessageTooLarge      ErrorClass = "message_too_large"
-	ClassInvalidRecord        ErrorClass = "invalid_record"
-	ClassUnknownEventType     ErrorClass = "unknown_event_type"
+	// ClassMessageTooLarge: the record is over the producer's or the
+	// broker's size limit.
+	ClassMessageTooLarge ErrorClass = "message_too_large"
+	// ClassInvalidRecord: the broker refused the record as malformed.
+	ClassInvalidRecord ErrorClass = "invalid_record"
+	// ClassUnknownEventType: the row's event type is not in Config.Types.
+	ClassUnknownEventType ErrorClass = "unknown_event_type"
+	// ClassUnknownSchemaVersion: the event type has no such schema version
+	// in Config.Types.
 	ClassUnknownSchemaVersion ErrorClass = "unknown_schema_version"
-	ClassSchemaInvalid        ErrorClass = "schema_invalid"
 )
 
 // Parks reports whether an event that failed with this class is parked
 // rather than retried.
 func (c ErrorClass) Parks() bool {
 	switch c {
-	case ClassMessageTooLarge, ClassInvalidRecord, ClassUnknownEventType, ClassUnknownSchemaVersion, ClassSchemaInvalid:
+	case ClassMessageTooLarge, ClassInvalidRecord, ClassUnknownEventType, ClassUnknownSchemaVersion:
 		return true
 	default:
 		return false

@@ -11,8 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/outboxref/orders/internal/outbox"
 )
 
 // TestConcurrentRelaysKeepOrder (V3): four relays drain a backlog of 20,000
@@ -48,7 +46,7 @@ func TestConcurrentRelaysKeepOrder(t *testing.T) {
 	}})
 
 	for i := range 4 {
-		start(t, e.relay(t, func(c *outbox.Config) {
+		start(t, e.relay(t, func(c *relayConfig) {
 			c.Owner = fmt.Sprintf("relay-%d", i)
 			c.BatchSize = 250
 			c.PollInterval = 20 * time.Millisecond

@@ -40,7 +40,7 @@ func TestCrashWindows(t *testing.T) {
 		return e.insert(t, evs...)
 	}
 	first := func(t *testing.T, e *env, hooks outbox.Hooks) *running {
-		return start(t, e.relay(t, func(c *outbox.Config) {
+		return start(t, e.relay(t, func(c *relayConfig) {
 			c.Owner = "first"
 			c.Lease = lease
 			c.ProduceTimeout = lease / 2
@@ -48,7 +48,7 @@ func TestCrashWindows(t *testing.T) {
 		}))
 	}
 	successor := func(t *testing.T, e *env) *running {
-		return start(t, e.relay(t, func(c *outbox.Config) { c.Owner = "successor" }))
+		return start(t, e.relay(t, func(c *relayConfig) { c.Owner = "successor" }))
 	}
 	// checkDelivered verifies the end state: every row delivered by the
 	// successor, at the position of its last copy, every copy on the

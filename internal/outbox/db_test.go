@@ -38,6 +38,21 @@ type testDB struct {
 // drops the database when the test ends.
 func newTestDB(t testing.TB) *testDB {
 	t.Helper()
+	db, drop, err := createTestDB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := drop(); err != nil {
+			t.Error(err)
+		}
+	})
+	return db
+}
+
+// createTestDB does newTestDB's work for callers without a testing.TB
+// (Example functions). drop closes the pool and drops the database.
+func createTestDB() (db *testDB, drop func() error, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	server := os.Getenv(envDatabaseURL)
@@ -46,7 +61,7 @@ func newTestDB(t testing.TB) *testDB {
 	}
 	admin, err := pgx.Connect(ctx, server)
 	if err != nil {
-		t.Fatalf("PostgreSQL is not reachable at %s: %v\nStart it, or set %s to a server's maintenance database URL.", server, err, envDatabaseURL)
+		return nil, nil, fmt.Errorf("PostgreSQL is not reachable at %s: %w\nStart it, or set %s to a server's maintenance database URL", server, err, envDatabaseURL)
 	}
 	defer admin.Close(ctx)
 
@@ -54,21 +69,30 @@ func newTestDB(t testing.TB) *testDB {
 	_, _ = rand.Read(b)
 	name := "outbox_test_" + hex.EncodeToString(b)
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("create test database: %v", err)
+		return nil, nil, fmt.Errorf("create test database: %w", err)
 	}
-	t.Cleanup(func() {
+	var pool *pgxpool.Pool
+	drop = func() error {
+		if pool != nil {
+			pool.Close()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		c, err := pgx.Connect(ctx, server)
 		if err != nil {
-			t.Errorf("drop %s: %v", name, err)
-			return
+			return fmt.Errorf("drop %s: %w", name, err)
 		}
 		defer c.Close(ctx)
 		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			t.Errorf("drop %s: %v", name, err)
+			return fmt.Errorf("drop %s: %w", name, err)
 		}
-	})
+		return nil
+	}
+	defer func() {
+		if err != nil {
+			_ = drop() // the error being returned is the one that matters
+		}
+	}()
 
 	cfg := admin.Config().Copy()
 	cfg.Database = name
@@ -77,20 +101,19 @@ func newTestDB(t testing.TB) *testDB {
 	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, outbox.Migrations(),
 		goose.WithTableName(outbox.MigrationLine+"_migrations"), goose.WithSlog(slog.New(slog.DiscardHandler)))
 	if err != nil {
-		t.Fatalf("outbox migrations: %v", err)
+		return nil, nil, fmt.Errorf("outbox migrations: %w", err)
 	}
 	if _, err := p.Up(ctx); err != nil {
-		t.Fatalf("apply outbox migrations: %v", err)
+		return nil, nil, fmt.Errorf("apply outbox migrations: %w", err)
 	}
 
 	url := fmt.Sprintf("postgres://%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Host, cfg.Port, name)
 	if cfg.Password != "" {
 		url = fmt.Sprintf("postgres://%s:%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Password, cfg.Host, cfg.Port, name)
 	}
-	pool, err := pgxpool.New(ctx, url)
+	pool, err = pgxpool.New(ctx, url)
 	if err != nil {
-		t.Fatalf("connect to %s: %v", name, err)
+		return nil, nil, fmt.Errorf("connect to %s: %w", name, err)
 	}
-	t.Cleanup(pool.Close)
-	return &testDB{Pool: pool, URL: url}
+	return &testDB{Pool: pool, URL: url}, drop, nil
 }

@@ -28,7 +28,7 @@ func TestFencing(t *testing.T) {
 	staleGo := make(chan struct{})
 	staleDone := make(chan []outbox.Claim, 1)
 	staleReg := prometheus.NewRegistry()
-	start(t, e.relay(t, func(c *outbox.Config) {
+	start(t, e.relay(t, func(c *relayConfig) {
 		c.Owner = "stale"
 		c.Lease = time.Second
 		c.ProduceTimeout = 500 * time.Millisecond
@@ -57,15 +57,15 @@ func TestFencing(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond, "the stale relay's lease expires")
 
 	// The successor claims the row under a new token and sends it too.
-	succAcked := make(chan outbox.Claim, 1)
+	succAcked := make(chan outbox.Outcome, 1)
 	succGo := make(chan struct{})
-	start(t, e.relay(t, func(c *outbox.Config) {
+	start(t, e.relay(t, func(c *relayConfig) {
 		c.Owner = "successor"
 		c.Hooks = outbox.Hooks{AfterProduce: func(ctx context.Context, os []outbox.Outcome) error {
 			if os[0].Err != nil {
 				t.Errorf("successor's send failed: %v", os[0].Err)
 			}
-			succAcked <- os[0].Claim
+			succAcked <- os[0]
 			select {
 			case <-succGo:
 			case <-ctx.Done():
@@ -113,7 +113,7 @@ func TestFencingRelease(t *testing.T) {
 	staleFailed := make(chan struct{})
 	staleGo := make(chan struct{})
 	staleDone := make(chan struct{})
-	start(t, e.relay(t, func(c *outbox.Config) {
+	start(t, e.relay(t, func(c *relayConfig) {
 		c.Owner = "stale"
 		c.Lease = time.Second
 		c.ProduceTimeout = 500 * time.Millisecond
@@ -141,15 +141,15 @@ func TestFencingRelease(t *testing.T) {
 		return e.count(t, "lease_expires_at < now()") == 1
 	}, 5*time.Second, 10*time.Millisecond, "the stale relay's lease expires")
 
-	succAcked := make(chan outbox.Claim, 1)
+	succAcked := make(chan outbox.Outcome, 1)
 	succGo := make(chan struct{})
-	start(t, e.relay(t, func(c *outbox.Config) {
+	start(t, e.relay(t, func(c *relayConfig) {
 		c.Owner = "successor"
 		c.Hooks = outbox.Hooks{AfterProduce: func(ctx context.Context, os []outbox.Outcome) error {
 			if os[0].Err != nil {
 				t.Errorf("successor's send failed: %v", os[0].Err)
 			}
-			succAcked <- os[0].Claim
+			succAcked <- os[0]
 			select {
 			case <-succGo:
 			case <-ctx.Done():

@@ -74,10 +74,17 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// relayConfig is a relay's Config plus the crash-point hooks that only
+// tests can set (export_test.go).
+type relayConfig struct {
+	outbox.Config
+	Hooks outbox.Hooks
+}
+
 // relay builds a relay with test-friendly timings; mod adjusts the config.
-func (e *env) relay(t testing.TB, mod func(*outbox.Config)) *outbox.Relay {
+func (e *env) relay(t testing.TB, mod func(*relayConfig)) *outbox.Relay {
 	t.Helper()
-	cfg := outbox.Config{
+	cfg := relayConfig{Config: outbox.Config{
 		Pool:         e.db.Pool,
 		Kafka:        e.conn,
 		Topic:        topic,
@@ -89,11 +96,11 @@ func (e *env) relay(t testing.TB, mod func(*outbox.Config)) *outbox.Relay {
 		BackoffBase:  50 * time.Millisecond,
 		BackoffCap:   500 * time.Millisecond,
 		Logger:       testLogger(),
-	}
+	}}
 	if mod != nil {
 		mod(&cfg)
 	}
-	r, err := outbox.NewRelay(cfg)
+	r, err := outbox.NewRelayWithHooks(cfg.Config, cfg.Hooks)
 	require.NoError(t, err)
 	return r
 }
@@ -161,6 +168,15 @@ func withPayload(p string) func(*outbox.Event) {
 	return func(e *outbox.Event) { e.Payload = json.RawMessage(p) }
 }
 
+// testWriter writes the test event types, as a service's Writer would.
+var testWriter = func() *outbox.Writer {
+	w, err := outbox.NewWriter(testTypes())
+	if err != nil {
+		panic(err) // the test schema is a constant
+	}
+	return w
+}()
+
 // insert commits events through the package's own write path.
 func (e *env) insert(t testing.TB, events ...outbox.Event) []outbox.Event {
 	t.Helper()
@@ -168,8 +184,27 @@ func (e *env) insert(t testing.TB, events ...outbox.Event) []outbox.Event {
 	tx, err := e.db.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
-	require.NoError(t, outbox.Insert(ctx, tx, events))
+	require.NoError(t, testWriter.Insert(ctx, tx, events))
 	require.NoError(t, tx.Commit(ctx))
+	return events
+}
+
+// insertRaw commits events with a plain INSERT, bypassing the Writer's
+// checks, as code older or newer than the relay, or a hand-written
+// statement, could. It fills in missing IDs like Insert.
+func (e *env) insertRaw(t testing.TB, events ...outbox.Event) []outbox.Event {
+	t.Helper()
+	for i := range events {
+		if events[i].ID == uuid.Nil {
+			events[i].ID = uuid.New()
+		}
+		_, err := e.db.Pool.Exec(context.Background(), `
+			INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)`,
+			events[i].ID, events[i].AggregateType, events[i].AggregateID, events[i].AggregateVersion,
+			events[i].Type, events[i].SchemaVersion, events[i].Payload)
+		require.NoError(t, err)
+	}
 	return events
 }
 
@@ -372,4 +407,23 @@ func (l *claimLog) all() []claimSeen {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]claimSeen(nil), l.claims...)
+}
+
+// logBuffer collects log output written from several goroutines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	return len(p), nil
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
 }

@@ -21,7 +21,7 @@ import (
 func TestNudge(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
-	r := start(t, e.relay(t, func(c *outbox.Config) { c.PollInterval = 10 * time.Second }))
+	r := start(t, e.relay(t, func(c *relayConfig) { c.PollInterval = 10 * time.Second }))
 	require.Eventually(t, func() bool { return r.relay.ClaimRounds() >= 1 }, 5*time.Second, 5*time.Millisecond,
 		"the relay made its start-up claim and now sleeps for the poll interval")
 
@@ -55,7 +55,7 @@ func TestGracefulShutdown(t *testing.T) {
 	e.insert(t, evs...)
 
 	claimed := make(chan struct{}, 1)
-	first := start(t, e.relay(t, func(c *outbox.Config) {
+	first := start(t, e.relay(t, func(c *relayConfig) {
 		c.Owner = "first"
 		c.Lease = lease
 		c.DrainTimeout = 200 * time.Millisecond
@@ -81,7 +81,7 @@ func TestGracefulShutdown(t *testing.T) {
 
 	outage.Remove()
 	began := time.Now()
-	start(t, e.relay(t, func(c *outbox.Config) { c.Owner = "successor" }))
+	start(t, e.relay(t, func(c *relayConfig) { c.Owner = "successor" }))
 	e.waitDelivered(t, 10*time.Second)
 	require.Less(t, time.Since(began), lease/2, "the successor did not wait for the lease")
 	require.Len(t, ids(e.readAll(t)), len(evs))
@@ -94,7 +94,7 @@ func TestGracefulShutdownFinishes(t *testing.T) {
 	e := setup(t)
 	ev := e.insert(t, event("finish", 1))[0]
 	ctx, cancel := context.WithCancel(context.Background())
-	r := e.relay(t, func(c *outbox.Config) {
+	r := e.relay(t, func(c *relayConfig) {
 		c.Hooks = outbox.Hooks{AfterClaim: func(context.Context, []outbox.Claim) error {
 			cancel() // the stop arrives after the claim, before the send
 			return nil
@@ -125,7 +125,7 @@ func TestMetrics(t *testing.T) {
 	}, 5*time.Second, 20*time.Millisecond, "no relay: the age grows")
 
 	reg := prometheus.NewRegistry()
-	start(t, e.relay(t, func(c *outbox.Config) { c.Registerer = reg }))
+	start(t, e.relay(t, func(c *relayConfig) { c.Registerer = reg }))
 	e.waitDelivered(t, 10*time.Second)
 	require.Equal(t, 2.0, metricValue(t, reg, "outbox_publish_attempts_total", strict))
 	require.Equal(t, 2.0, metricValue(t, reg, "outbox_published_total", strict))
@@ -199,7 +199,7 @@ func TestBrokerState(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
 	outage := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.NotEnoughReplicas, Count: -1})
-	r := start(t, e.relay(t, func(c *outbox.Config) { c.PollInterval = 50 * time.Millisecond }))
+	r := start(t, e.relay(t, func(c *relayConfig) { c.PollInterval = 50 * time.Millisecond }))
 	require.Equal(t, "unknown", r.relay.BrokerState(), "nothing sent yet")
 
 	e.insert(t, event("state", 1))

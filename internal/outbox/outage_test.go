@@ -37,7 +37,7 @@ func TestBrokerOutage(t *testing.T) {
 
 	var log claimLog
 	for _, owner := range []string{"a", "b"} {
-		start(t, e.relay(t, func(c *outbox.Config) {
+		start(t, e.relay(t, func(c *relayConfig) {
 			c.Owner = owner
 			c.BatchSize = 5 // several claims per round, so both relays take part
 			c.PollInterval = 20 * time.Millisecond

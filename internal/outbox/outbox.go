@@ -1,12 +1,15 @@
-// Package outbox implements the transactional outbox: events are written in
-// the same database transaction as the business change (Insert), and a relay
-// delivers them to Kafka afterwards (Relay).
+// Package outbox implements the transactional outbox: events are written
+// in the same database transaction as the business change (Writer.Insert),
+// and a relay delivers them to Kafka afterwards (Relay).
 //
-// Insert closes the dual-write window: because the event row commits or rolls
-// back with the business row, there is no moment at which the database holds
-// a change the broker will never hear about, or the broker holds an event for
-// a change that rolled back. The package knows nothing about the business
-// domain; services describe their event types with EventType.
+// Writer.Insert closes the dual-write window: because the event row commits
+// or rolls back with the business row, there is no moment at which the
+// database holds a change the broker will never hear about, or the broker
+// holds an event for a change that rolled back. It also refuses, before
+// anything is written, an event the relay could never deliver, so a bad
+// event fails its command instead of blocking its aggregate later (L2).
+// The package knows nothing about the business domain; services describe
+// their event types with EventType.
 //
 // Relay closes the windows of delivery. It leases rows in a short claim
 // transaction and sends them with no transaction open (R1); a relay that
@@ -18,75 +21,76 @@
 // unknown outcomes, retried with a backoff stored in the row (R4); events
 // that can never be sent are parked (R5). Delivery is therefore at least
 // once: consumers deduplicate on event_id.
+//
+// The package is self-contained (L1): it owns its migrations, queries and
+// generated code, and imports nothing from the service that uses it, so it
+// can be copied into another module with one import-path change. Its API:
+//
+// Writing, inside the business transaction:
+//   - EventType, Ordering (Strict, Independent): the event types a service
+//     emits, their delivery ordering and their JSON Schemas.
+//   - Event: one event to write.
+//   - NewWriter, Writer: checks events against the event types.
+//   - Writer.Insert: validates and writes events in the caller's pgx.Tx.
+//   - Writer.Validate: the same checks, without writing.
+//   - MaxPayloadBytes: the payload size limit (W6).
+//   - ErrInvalidEvent, ErrPayloadTooLarge, ErrUnknownEventType,
+//     ErrUnknownSchemaVersion, InvalidEventError: why an event was refused.
+//
+// Relaying, after commit:
+//   - Config, NewRelay, Relay: the relay and its settings.
+//   - Relay.Run, Relay.Nudge, Relay.Owner, Relay.BrokerState, BrokerOK.
+//   - DefaultBatchSize, DefaultLease, DefaultPollInterval,
+//     DefaultBackoffBase, DefaultBackoffCap, DefaultMaxMessageBytes: the
+//     defaults of Config's zero values.
+//
+// Operating:
+//   - Migrations, MigrationLine: the outbox table's migrations, a goose
+//     line of their own.
+//   - EnsureTopic: creates the relay's topic in the background (O3).
+//   - NewStatsCollector, StatsCollector: the backlog metrics (O1).
+//   - ErrorClass and its Class… values, ErrorClass.Parks: why a delivery
+//     failed, as stored in last_error_class and labelled in metrics.
+//
+// Wire format: package cloudevents (the CloudEvents Kafka binding the relay
+// writes and consumers decode).
 package outbox
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 
 	"github.com/google/uuid"
-
-	"github.com/outboxref/orders/internal/outbox/outboxdb"
 )
 
-// MaxPayloadBytes bounds one event's payload at write time (W6). Large
-// content belongs behind an immutable reference, not in the outbox.
-const MaxPayloadBytes = 256 << 10
-
-// ErrPayloadTooLarge is returned by Insert for a payload over MaxPayloadBytes.
-var ErrPayloadTooLarge = errors.New("outbox: event payload too large")
-
 // Event is one integration event, written in the business transaction.
+//
+// Consumers (an inbox, internal/inbox here) rely on the versions: an
+// aggregate's events are numbered from 1, consecutively, with no gaps, in
+// the order the changes committed. A consumer applies version n+1 only
+// after n, treats a version it has seen as a duplicate, and holds a gap
+// until it gives up and resynchronises. So the caller fixes the versions
+// inside the transaction, from the aggregate's own version column, and a
+// command that emits several events writes them in one Insert call with
+// consecutive versions (W4). The unique constraint on (aggregate_type,
+// aggregate_id, aggregate_version) refuses a version written twice.
 type Event struct {
 	// ID is the event's identity for its whole life: consumers deduplicate
 	// on it. Insert generates it when zero; it is never regenerated.
-	ID               uuid.UUID
-	AggregateType    string
-	AggregateID      string
+	ID uuid.UUID
+	// AggregateType and AggregateID name the aggregate that changed; the
+	// ID is the Kafka key, so one aggregate's events share a partition.
+	AggregateType string
+	AggregateID   string
+	// AggregateVersion is the aggregate's version after this event: 1 for
+	// its first event, then consecutive.
 	AggregateVersion int64
-	Type             string
-	SchemaVersion    int
+	// Type is a registered EventType's Name, and SchemaVersion one of its
+	// schema versions.
+	Type          string
+	SchemaVersion int
 	// Payload is the public JSON contract, built from the values being
-	// committed in the same transaction (W5).
+	// committed in the same transaction (W5), at most MaxPayloadBytes.
 	Payload json.RawMessage
 	// Traceparent is the W3C trace context of the request, if any.
 	Traceparent string
-}
-
-// Insert writes events inside the caller's transaction, in one statement.
-// The unique constraint on (aggregate_type, aggregate_id, aggregate_version)
-// makes a second writer of the same version fail, and with it the whole
-// business transaction. Insert fills in missing event IDs in place.
-func Insert(ctx context.Context, tx outboxdb.DBTX, events []Event) error {
-	if len(events) == 0 {
-		return nil
-	}
-	p := outboxdb.OutboxInsertParams{}
-	for i := range events {
-		e := &events[i]
-		if len(e.Payload) > MaxPayloadBytes {
-			return fmt.Errorf("%w: %s v%d is %d bytes (limit %d)", ErrPayloadTooLarge, e.Type, e.AggregateVersion, len(e.Payload), MaxPayloadBytes)
-		}
-		if e.ID == uuid.Nil {
-			id, err := uuid.NewV7()
-			if err != nil {
-				return fmt.Errorf("generate event id: %w", err)
-			}
-			e.ID = id
-		}
-		p.EventIDs = append(p.EventIDs, e.ID)
-		p.AggregateTypes = append(p.AggregateTypes, e.AggregateType)
-		p.AggregateIDs = append(p.AggregateIDs, e.AggregateID)
-		p.AggregateVersions = append(p.AggregateVersions, e.AggregateVersion)
-		p.EventTypes = append(p.EventTypes, e.Type)
-		p.SchemaVersions = append(p.SchemaVersions, int32(e.SchemaVersion))
-		p.Payloads = append(p.Payloads, e.Payload)
-		p.Traceparents = append(p.Traceparents, e.Traceparent)
-	}
-	if err := outboxdb.New(tx).OutboxInsert(ctx, p); err != nil {
-		return fmt.Errorf("insert outbox events: %w", err)
-	}
-	return nil
 }

@@ -16,15 +16,17 @@ import (
 	"github.com/outboxref/orders/internal/outbox"
 )
 
-// TestPoison (V3, R5, R6): an invalid event is parked. Other aggregates keep
-// flowing, the parked aggregate's later strict events wait (and the blocked
-// gauge says so), and its independent event continues. Repairing and
-// resuming the parked row, with the same event_id, unblocks the aggregate.
+// TestPoison (V3, R5, R6): an event this relay cannot send is parked. Here
+// it is one written by newer code, with a schema version this relay does
+// not know, during a rolling deploy. Other aggregates keep flowing, the
+// parked aggregate's later strict events wait (and the blocked gauge says
+// so), and its independent event continues. Repairing and resuming the
+// parked row, with the same event_id, unblocks the aggregate.
 func TestPoison(t *testing.T) {
 	t.Parallel()
 	e := setup(t)
+	poison := e.insertRaw(t, event("poisoned", 1, func(ev *outbox.Event) { ev.SchemaVersion = 2 }))[0]
 	evs := e.insert(t,
-		event("poisoned", 1, withPayload(`{"n": "not a number"}`)),
 		event("poisoned", 2),
 		event("poisoned", 3, loose),
 		event("poisoned", 4),
@@ -32,10 +34,10 @@ func TestPoison(t *testing.T) {
 		event("healthy", 2),
 		event("healthy", 3),
 	)
-	poison, laterStrict, independent, laterStrict2 := evs[0], evs[1], evs[2], evs[3]
+	laterStrict, independent, laterStrict2 := evs[0], evs[1], evs[2]
 
 	reg := prometheus.NewRegistry()
-	r := start(t, e.relay(t, func(c *outbox.Config) { c.Registerer = reg }))
+	r := start(t, e.relay(t, func(c *relayConfig) { c.Registerer = reg }))
 	require.Eventually(t, func() bool {
 		return e.count(t, "state = 'delivered'") == 4 && e.count(t, "state = 'parked'") == 1
 	}, 10*time.Second, 10*time.Millisecond)
@@ -46,8 +48,8 @@ func TestPoison(t *testing.T) {
 	rows := e.rows(t)
 	p := rows[poison.ID]
 	require.Equal(t, "parked", p.State)
-	require.Equal(t, "schema_invalid", *p.LastErrorClass)
-	require.Contains(t, *p.LastError, "/n")
+	require.Equal(t, "unknown_schema_version", *p.LastErrorClass)
+	require.Contains(t, *p.LastError, "schema version 2")
 	require.Equal(t, 1, p.Attempts)
 	require.Equal(t, "delivered", rows[independent.ID].State, "an independent type continues")
 	for _, ev := range []outbox.Event{laterStrict, laterStrict2} {
@@ -61,17 +63,21 @@ func TestPoison(t *testing.T) {
 	require.Equal(t, 1.0, metricValue(t, reg, "outbox_parked_events", labels))
 	require.Equal(t, 2.0, metricValue(t, reg, "outbox_pending_events", labels))
 	require.Equal(t, 1.0, metricValue(t, reg, "outbox_publish_errors_total",
-		map[string]string{"event_type": strictType, "class": "schema_invalid"}))
+		map[string]string{"event_type": strictType, "class": "unknown_schema_version"}))
 
 	got := ids(e.readAll(t))
 	require.Len(t, got, 4)
 	require.NotContains(t, got, poison.ID)
 	require.NotContains(t, got, laterStrict.ID)
 
-	// An operator repairs the payload and resumes the row (O4): the same
-	// event_id is delivered, then the strict events behind it, in order.
+	// An operator repairs the row and resumes it (O4): the same event_id
+	// is delivered, then the strict events behind it, in order. The repair
+	// bypasses Insert, so it is checked with the Writer first.
+	repaired := poison
+	repaired.SchemaVersion = 1
+	require.NoError(t, testWriter.Validate([]outbox.Event{repaired}))
 	_, err := e.db.Pool.Exec(context.Background(),
-		`UPDATE outbox SET payload = '{"n": 1}', state = 'pending', next_attempt_at = now() WHERE event_id = $1`, poison.ID)
+		`UPDATE outbox SET schema_version = 1, state = 'pending', next_attempt_at = now() WHERE event_id = $1`, poison.ID)
 	require.NoError(t, err)
 	e.waitDelivered(t, 10*time.Second)
 	var order []int64
@@ -94,26 +100,27 @@ func TestParkDeterministicFailures(t *testing.T) {
 	// Random bytes, so that the producer's compression cannot shrink the
 	// record under the limit.
 	blob := base64.StdEncoding.EncodeToString(randomBytes(t, 30_000))
-	evs := e.insert(t,
-		event("schema", 1, withPayload(`{"n": 1, "extra": true}`)),
+	// Rows the Writer refuses, as older or newer code may have written them.
+	evs := e.insertRaw(t,
 		event("unknown-type", 1, func(ev *outbox.Event) { ev.Type = "test.unknown" }),
 		event("unknown-version", 1, func(ev *outbox.Event) { ev.SchemaVersion = 2 }),
+	)
+	evs = append(evs, e.insert(t,
 		// One key, one partition, one claim: the big record shares its
 		// record batch with two small ones.
 		event("big", 1, loose, withPayload(fmt.Sprintf(`{"n": 1, "blob": %q}`, blob))),
 		event("big", 2, loose),
 		event("big", 3, loose),
 		event("fine", 1),
-	)
+	)...)
 	start(t, e.relay(t, nil))
 	e.waitDelivered(t, 15*time.Second)
 
 	rows := e.rows(t)
 	want := map[int]struct{ class, reason string }{
-		0: {"schema_invalid", "additional properties 'extra' not allowed"},
-		1: {"unknown_event_type", `"test.unknown"`},
-		2: {"unknown_schema_version", "schema version 2"},
-		3: {"message_too_large", "MESSAGE_TOO_LARGE"},
+		0: {"unknown_event_type", `"test.unknown"`},
+		1: {"unknown_schema_version", "schema version 2"},
+		2: {"message_too_large", "MESSAGE_TOO_LARGE"},
 	}
 	for i, ev := range evs {
 		r := rows[ev.ID]
@@ -132,6 +139,24 @@ func TestParkDeterministicFailures(t *testing.T) {
 	require.Len(t, got, 3)
 }
 
+// TestRelaySendsPayloadsAsWritten pins a design decision: the relay checks
+// a row's type and schema version, not its payload. A row the Writer would
+// have refused for its payload alone, written around it, is sent as it is;
+// validation happens once, in the business transaction (see admit).
+func TestRelaySendsPayloadsAsWritten(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	bypassed := event("bypassed", 1, withPayload(`{"n": "not a number"}`))
+	require.ErrorIs(t, testWriter.Validate([]outbox.Event{bypassed}), outbox.ErrInvalidEvent)
+	ev := e.insertRaw(t, bypassed)[0]
+	start(t, e.relay(t, nil))
+	e.waitDelivered(t, 10*time.Second)
+	require.Equal(t, "delivered", e.row(t, ev.ID).State)
+	recs := e.readAll(t)
+	require.Len(t, recs, 1)
+	require.JSONEq(t, `{"n": "not a number"}`, string(recs[0].Value))
+}
+
 // TestParkOverClientLimit: a record over the relay's own MaxMessageBytes is
 // refused by the client before it reaches the broker, and parked.
 func TestParkOverClientLimit(t *testing.T) {
@@ -139,7 +164,7 @@ func TestParkOverClientLimit(t *testing.T) {
 	e := setup(t)
 	big := e.insert(t, event("big", 1, withPayload(fmt.Sprintf(`{"n": 1, "blob": %q}`, strings.Repeat("y", 8000)))))[0] // checked before compression
 	small := e.insert(t, event("small", 1))[0]
-	start(t, e.relay(t, func(c *outbox.Config) { c.MaxMessageBytes = 4096 }))
+	start(t, e.relay(t, func(c *relayConfig) { c.MaxMessageBytes = 4096 }))
 	e.waitDelivered(t, 10*time.Second)
 	require.Equal(t, "parked", e.row(t, big.ID).State)
 	require.Equal(t, "message_too_large", *e.row(t, big.ID).LastErrorClass)

@@ -55,10 +55,14 @@ type Config struct {
 	// URI-reference naming the producing service, e.g. "urn:outboxref:orders".
 	Source string
 	// Types lists the event types this relay may send, with their
-	// ordering policy and JSON Schemas. Rows of other types are parked.
+	// ordering policy and JSON Schemas: usually the list the service's
+	// Writer was built with. Rows of other types or schema versions are
+	// parked. Payloads are validated by the Writer, not again here (see
+	// admit).
 	Types []EventType
 	// Owner is written to lease_owner; it must differ between relay
-	// instances and process restarts. DefaultOwner() when empty.
+	// instances and process restarts. When empty, the relay makes one from
+	// the host name, the process id and a random suffix.
 	Owner string
 
 	// BatchSize is the most rows one claim leases.
@@ -91,9 +95,6 @@ type Config struct {
 	// Registerer receives the relay's metrics and the StatsCollector; nil
 	// registers nothing.
 	Registerer prometheus.Registerer
-	// Hooks stop the relay at its crash windows in tests; zero in
-	// production.
-	Hooks Hooks
 }
 
 // Relay delivers outbox rows to Kafka: it leases due rows in a short
@@ -111,6 +112,7 @@ type Relay struct {
 	clientOpts []kgo.Opt
 	metrics    *relayMetrics
 	log        *slog.Logger
+	hooks      hooks // crash points; set only by the package's tests
 
 	nudge   chan struct{}
 	started atomic.Bool
@@ -118,10 +120,10 @@ type Relay struct {
 	rounds  atomic.Int64           // claims made, successful or not; for tests
 }
 
-// DefaultOwner returns a lease owner unique to this process start:
+// defaultOwner returns a lease owner unique to this process start:
 // host, pid and a random suffix, so that a restarted process on the same
 // host is a new owner.
-func DefaultOwner() string {
+func defaultOwner() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "unknown-host"
@@ -129,7 +131,8 @@ func DefaultOwner() string {
 	return host + "-" + strconv.Itoa(os.Getpid()) + "-" + uuid.NewString()[:8]
 }
 
-// NewRelay checks cfg, compiles the event types' JSON Schemas and
+// NewRelay checks cfg and the event types (a JSON Schema that does not
+// compile refuses to start here rather than park events later) and
 // registers the metrics. The relay does nothing until Run.
 func NewRelay(cfg Config) (*Relay, error) {
 	if cfg.Pool == nil {
@@ -146,7 +149,7 @@ func NewRelay(cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("outbox relay: %w", err)
 	}
 	if cfg.Owner == "" {
-		cfg.Owner = DefaultOwner()
+		cfg.Owner = defaultOwner()
 	}
 	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
 	cfg.Lease = cmp.Or(cfg.Lease, DefaultLease)
@@ -245,8 +248,8 @@ func (r *Relay) Owner() string { return r.cfg.Owner }
 //
 // Database and broker errors are logged and retried; they do not end Run.
 // Run returns an error only if the Kafka client cannot be created or a hook
-// stopped it (in which case nothing is released or flushed, as in a
-// crash). Run may be called once.
+// stopped it in a test (in which case nothing is released or flushed, as
+// in a crash). Run may be called once.
 func (r *Relay) Run(ctx context.Context) (err error) {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("outbox relay: Run called twice")
@@ -301,7 +304,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 
 // leased is a claimed row with what the relay needs to send it.
 type leased struct {
-	Claim
+	claim
 	payload     []byte
 	traceparent string
 }
@@ -315,8 +318,7 @@ func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
 	if err != nil || len(batch) == 0 {
 		return 0, err
 	}
-	claims := claimsOf(batch)
-	if err := callHook(ctx, r.cfg.Hooks.AfterClaim, claims); err != nil {
+	if err := r.afterClaim(ctx, batch); err != nil {
 		return len(batch), err
 	}
 
@@ -325,7 +327,7 @@ func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
 	pctx, done := r.produceContext(ctx, start.Add(r.cfg.ProduceTimeout))
 	outcomes := r.publish(pctx, cl, batch)
 	done()
-	if err := callHook(ctx, r.cfg.Hooks.AfterProduce, outcomes); err != nil {
+	if err := r.afterProduce(ctx, outcomes); err != nil {
 		return len(batch), err
 	}
 
@@ -337,7 +339,7 @@ func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
 	if err != nil {
 		return len(batch), err
 	}
-	if err := callHook(ctx, r.cfg.Hooks.AfterConfirm, confirmed); err != nil {
+	if err := r.afterConfirm(ctx, confirmed); err != nil {
 		return len(batch), err
 	}
 	return len(batch), nil
@@ -366,16 +368,16 @@ func (r *Relay) produceContext(ctx context.Context, deadline time.Time) (context
 	}
 }
 
-// publish sends every claimed row that passes its checks, concurrently,
+// publish sends every claimed row that passes admit, concurrently,
 // and waits for all answers or the deadline. Rows are handed to the
 // producer in claim order; franz-go keeps that order within a partition.
-func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []Outcome {
-	outcomes := make([]Outcome, len(batch))
+func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []outcome {
+	outcomes := make([]outcome, len(batch))
 	recs := make([]*kgo.Record, len(batch))
 	var send []int
 	for i := range batch {
-		outcomes[i].Claim = batch[i].Claim
-		if class, err := r.types.check(batch[i].EventType, batch[i].SchemaVersion, batch[i].payload); err != nil {
+		outcomes[i].claim = batch[i].claim
+		if class, err := r.types.admit(batch[i].EventType, batch[i].SchemaVersion); err != nil {
 			outcomes[i].Err, outcomes[i].Class = err, class
 			continue
 		}
@@ -404,7 +406,7 @@ func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []
 
 // noteBroker remembers what the last sends said about the broker, for
 // BrokerState. Parked events say nothing about it.
-func (r *Relay) noteBroker(outcomes []Outcome, sent []int) {
+func (r *Relay) noteBroker(outcomes []outcome, sent []int) {
 	state := ""
 	for _, i := range sent {
 		switch o := outcomes[i]; {
@@ -448,7 +450,7 @@ func (r *Relay) BrokerState() string {
 // (R5a). A record still unanswered at the deadline is therefore counted
 // as an unknown outcome right away; if the client delivers it later, that
 // is a duplicate with the same event_id, and its late answer is ignored.
-func (r *Relay) produce(pctx context.Context, cl *kgo.Client, recs []*kgo.Record, outcomes []Outcome, idx []int) {
+func (r *Relay) produce(pctx context.Context, cl *kgo.Client, recs []*kgo.Record, outcomes []outcome, idx []int) {
 	var (
 		mu       sync.Mutex
 		closed   bool
@@ -490,7 +492,7 @@ func (r *Relay) produce(pctx context.Context, cl *kgo.Client, recs []*kgo.Record
 	}
 }
 
-func (r *Relay) setOutcome(pctx context.Context, o *Outcome, rec *kgo.Record, err error) {
+func (r *Relay) setOutcome(pctx context.Context, o *outcome, rec *kgo.Record, err error) {
 	if err != nil {
 		o.Err, o.Class = err, classifyProduce(pctx, err)
 		return
@@ -515,12 +517,4 @@ func (r *Relay) record(l *leased) *kgo.Record {
 		Traceparent:      l.traceparent,
 		Data:             l.payload,
 	})
-}
-
-func claimsOf(batch []leased) []Claim {
-	out := make([]Claim, len(batch))
-	for i := range batch {
-		out[i] = batch[i].Claim
-	}
-	return out
 }

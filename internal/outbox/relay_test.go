@@ -8,8 +8,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
 
-	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/outbox"
 )
 
@@ -68,14 +69,16 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
-// TestRelayOverSASL: the relay reaches a cluster that requires SCRAM, with
-// the connection options the services build from their environment.
+// TestRelayOverSASL: the relay reaches a cluster that requires SCRAM with
+// the connection options the caller passes in Config.Kafka; the relay's own
+// producer options come after them and do not undo them.
 func TestRelayOverSASL(t *testing.T) {
 	t.Parallel()
-	e := setup(t, kfake.EnableSASL(), kfake.Superuser(kafkaconf.ScramSHA512, "relay", "secret"))
-	conn, err := kafkaconf.Config{Brokers: e.addrs, SASLMechanism: kafkaconf.ScramSHA512, SASLUsername: "relay", SASLPassword: "secret"}.Options()
-	require.NoError(t, err)
-	e.conn = conn
+	e := setup(t, kfake.EnableSASL(), kfake.Superuser("SCRAM-SHA-512", "relay", "secret"))
+	e.conn = []kgo.Opt{
+		kgo.SeedBrokers(e.addrs...),
+		kgo.SASL(scram.Auth{User: "relay", Pass: "secret"}.AsSha512Mechanism()),
+	}
 	ev := e.insert(t, event("sasl", 1))[0]
 	start(t, e.relay(t, nil))
 	e.waitDelivered(t, 10*time.Second)

@@ -4,19 +4,25 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/outboxref/orders/internal/outbox/cloudevents"
 )
 
-// eventTypes is the relay's compiled view of its EventTypes: the ordering
-// policy and a ready-to-use validator per schema version.
+// eventTypes is the compiled view of a list of EventTypes, shared by the
+// Writer, which validates payloads with the compiled schemas, and the
+// Relay, which needs the ordering policies and which versions exist.
 type eventTypes struct {
 	byName      map[string]*compiledType
 	independent []string // names passed to the claim query's ordering guard
 }
 
+// compiledType is one EventType with a ready-to-use validator per schema
+// version.
 type compiledType struct {
 	EventType
 	schemas map[int]*jsonschema.Schema
@@ -34,6 +40,11 @@ func compileTypes(types []EventType) (*eventTypes, error) {
 		if t.Name == "" {
 			return nil, errors.New("event type with an empty name")
 		}
+		// The name travels in ce_type: one the consumer's Decode would
+		// refuse could never be delivered.
+		if !cloudevents.ValidText(t.Name, cloudevents.MaxTypeBytes) {
+			return nil, fmt.Errorf("event type %q is not printable UTF-8 of at most %d bytes", t.Name, cloudevents.MaxTypeBytes)
+		}
 		if _, dup := et.byName[t.Name]; dup {
 			return nil, fmt.Errorf("event type %q listed twice", t.Name)
 		}
@@ -45,8 +56,8 @@ func compileTypes(types []EventType) (*eventTypes, error) {
 		}
 		ct := &compiledType{EventType: t, schemas: make(map[int]*jsonschema.Schema, len(t.Schemas))}
 		for v, doc := range t.Schemas {
-			if v < 1 {
-				return nil, fmt.Errorf("event type %q: schema version %d, want 1 or more", t.Name, v)
+			if v < 1 || v > math.MaxInt32 { // schema_version is an integer column
+				return nil, fmt.Errorf("event type %q: schema version %d, want 1 to %d", t.Name, v, math.MaxInt32)
 			}
 			s, err := compileSchema(t.Name, v, doc)
 			if err != nil {
@@ -82,10 +93,22 @@ func compileSchema(name string, version int, doc []byte) (*jsonschema.Schema, er
 	return s, nil
 }
 
-// check decides whether an event may be sent at all (R5). Each failure is
-// deterministic: sending the same row again can only fail the same way, so
-// the caller parks it instead of retrying.
-func (et *eventTypes) check(eventType string, schemaVersion int, payload []byte) (ErrorClass, error) {
+// admit is the relay's guard before it sends a row (R5): the row's type
+// and schema version must be ones this relay was configured with. Both
+// failures are deterministic, so the caller parks the row instead of
+// retrying it.
+//
+// The payload is deliberately not checked here. The Writer validated it
+// against the same JSON Schema inside the business transaction; the column
+// is jsonb, so PostgreSQL already guarantees it is well-formed JSON; and a
+// published schema version is never changed to reject payloads it used to
+// accept (docs/events.md), so a payload valid when written stays valid. Validating every payload again would
+// cost each send a JSON decode and a schema walk to re-prove all that.
+// What admit guards against is rows this relay cannot know: written by
+// older or newer code during a rolling deploy, or by hand. Whoever writes
+// rows without the Writer (a repair of a parked row, O4) checks them with
+// Writer.Validate first.
+func (et *eventTypes) admit(eventType string, schemaVersion int) (ErrorClass, error) {
 	t, ok := et.byName[eventType]
 	if !ok {
 		// During a rolling deploy an older relay may meet a type that only
@@ -93,41 +116,20 @@ func (et *eventTypes) check(eventType string, schemaVersion int, payload []byte)
 		// same event_id, once every relay runs the new code (O4).
 		return ClassUnknownEventType, fmt.Errorf("event type %q is not known to this relay", eventType)
 	}
-	s, ok := t.schemas[schemaVersion]
-	if !ok {
+	if _, ok := t.schemas[schemaVersion]; !ok {
 		return ClassUnknownSchemaVersion, fmt.Errorf("event type %q has no schema version %d in this relay", eventType, schemaVersion)
-	}
-	inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(payload))
-	if err != nil {
-		return ClassSchemaInvalid, fmt.Errorf("payload is not JSON: %w", err)
-	}
-	if err := s.Validate(inst); err != nil {
-		return ClassSchemaInvalid, &schemaError{eventType: eventType, version: schemaVersion, err: err}
 	}
 	return "", nil
 }
 
-// schemaError is a payload that fails its JSON Schema. Error gives the full
-// validator output, which may quote payload values: it goes into the row's
-// last_error (the payload is in that row anyway) but never into logs, which
-// get Summary instead.
-type schemaError struct {
-	eventType string
-	version   int
-	err       error
-}
-
-func (e *schemaError) Error() string {
-	return fmt.Sprintf("payload fails JSON Schema %s v%d: %v", e.eventType, e.version, e.err)
-}
-
-func (e *schemaError) Unwrap() error { return e.err }
-
-// Summary names the failing locations and keywords without any values.
-func (e *schemaError) Summary() string {
+// schemaSummary describes a JSON Schema failure by the failing locations
+// and keywords, without any values: the validator's own message may quote
+// the payload, which can hold personal data, and the summary is what ends
+// up in errors and logs (O2).
+func schemaSummary(eventType string, version int, err error) string {
 	var ve *jsonschema.ValidationError
-	if !errors.As(e.err, &ve) {
-		return fmt.Sprintf("payload fails JSON Schema %s v%d", e.eventType, e.version)
+	if !errors.As(err, &ve) {
+		return fmt.Sprintf("fails JSON Schema %s v%d", eventType, version)
 	}
 	var parts []string
 	var walk func(*jsonschema.ValidationError)
@@ -150,5 +152,5 @@ func (e *schemaError) Summary() string {
 	if len(parts) > 5 {
 		parts = append(parts[:5], fmt.Sprintf("and %d more", len(parts)-5))
 	}
-	return fmt.Sprintf("payload fails JSON Schema %s v%d at %s", e.eventType, e.version, strings.Join(parts, ", "))
+	return fmt.Sprintf("fails JSON Schema %s v%d at %s", eventType, version, strings.Join(parts, ", "))
 }

@@ -40,7 +40,7 @@ func (r *Relay) claim(ctx context.Context) ([]leased, error) {
 		batch = make([]leased, len(rows))
 		for i, row := range rows {
 			batch[i] = leased{
-				Claim: Claim{
+				claim: claim{
 					EventID:          row.EventID,
 					AggregateType:    row.AggregateType,
 					AggregateID:      row.AggregateID,
@@ -69,7 +69,7 @@ func (r *Relay) claim(ctx context.Context) ([]leased, error) {
 		if len(batch) == 0 {
 			return nil
 		}
-		return callHook(cctx, r.cfg.Hooks.BeforeClaimCommit, claimsOf(batch))
+		return r.beforeClaimCommit(cctx, batch)
 	})
 	if err != nil {
 		return nil, err
@@ -80,11 +80,11 @@ func (r *Relay) claim(ctx context.Context) ([]leased, error) {
 // settle writes the outcome of one batch: a fenced confirm of every
 // acknowledged row (R2) and a fenced release of every other row, retried
 // or parked (R3-R5). It returns the claims whose confirm matched.
-func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []Outcome) ([]Claim, error) {
+func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []outcome) ([]claim, error) {
 	confirm := outboxdb.OutboxConfirmParams{LeaseToken: token}
 	release := outboxdb.OutboxReleaseParams{LeaseToken: token}
-	byID := make(map[uuid.UUID]*Outcome, len(outcomes))
-	var failed []*Outcome
+	byID := make(map[uuid.UUID]*outcome, len(outcomes))
+	var failed []*outcome
 	for i := range outcomes {
 		o := &outcomes[i]
 		byID[o.EventID] = o
@@ -111,7 +111,7 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []Outcome)
 	}
 
 	q := outboxdb.New(r.cfg.Pool)
-	var confirmed []Claim
+	var confirmed []claim
 	var errs []error
 	if len(confirm.EventIDs) > 0 {
 		var ids []uuid.UUID
@@ -131,7 +131,7 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []Outcome)
 			for _, id := range confirm.EventIDs {
 				o := byID[id]
 				if matched[id] {
-					confirmed = append(confirmed, o.Claim)
+					confirmed = append(confirmed, o.claim)
 					r.log.DebugContext(ctx, "outbox event delivered", outcomeAttrs(o)...)
 					continue
 				}
@@ -163,20 +163,20 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []Outcome)
 // logFailures logs parked events one by one (they need an operator) and
 // transient failures as one summary per batch, so that a broker outage
 // does not turn into a log storm.
-func (r *Relay) logFailures(ctx context.Context, failed []*Outcome, released []uuid.UUID) {
+func (r *Relay) logFailures(ctx context.Context, failed []*outcome, released []uuid.UUID) {
 	matched := make(map[uuid.UUID]bool, len(released))
 	for _, id := range released {
 		matched[id] = true
 	}
 	byClass := map[ErrorClass]int{}
-	var sample *Outcome
+	var sample *outcome
 	for _, o := range failed {
 		attrs := append(outcomeAttrs(o), "error_class", string(o.Class))
 		switch {
 		case !matched[o.EventID]:
 			r.log.InfoContext(ctx, "outbox release matched no row: the lease was lost and another relay owns the event", attrs...)
 		case o.Class.Parks():
-			r.log.ErrorContext(ctx, "outbox event parked: it fails the same way on every attempt and waits for repair", append(attrs, "reason", safeReason(o.Err))...)
+			r.log.ErrorContext(ctx, "outbox event parked: it fails the same way on every attempt and waits for repair", append(attrs, "reason", o.Err.Error())...)
 		default:
 			byClass[o.Class]++
 			if sample == nil {
@@ -197,7 +197,7 @@ func (r *Relay) logFailures(ctx context.Context, failed []*Outcome, released []u
 
 // outcomeAttrs are the log attributes of one event (O2): identifiers and
 // broker position, never the payload.
-func outcomeAttrs(o *Outcome) []any {
+func outcomeAttrs(o *outcome) []any {
 	attrs := []any{
 		"event_id", o.EventID,
 		"event_type", o.EventType,
@@ -210,16 +210,6 @@ func outcomeAttrs(o *Outcome) []any {
 		attrs = append(attrs, "partition", o.Partition, "offset", o.Offset)
 	}
 	return attrs
-}
-
-// safeReason is the park reason for logs: a schema failure is reduced to
-// locations and keywords, since the validator's message may quote payload
-// values.
-func safeReason(err error) string {
-	if se, ok := err.(*schemaError); ok {
-		return se.Summary()
-	}
-	return err.Error()
 }
 
 // inTx runs fn in a transaction that commits if fn returns nil and rolls

@@ -26,14 +26,19 @@ func (o Ordering) String() string {
 	}
 }
 
-// EventType describes one event type to the relay.
+// EventType describes one event type to the Writer and the Relay. A
+// service keeps one list of them and gives it to both.
 type EventType struct {
-	// Name is the event type, e.g. "order.placed" (the CloudEvents type).
+	// Name is the event type, e.g. "invoice.issued" (the CloudEvents type):
+	// printable UTF-8 of at most cloudevents.MaxTypeBytes.
 	Name string
 	// Ordering is the delivery policy within an aggregate.
 	Ordering Ordering
-	// Schemas maps each schema version to its JSON Schema document. The
-	// relay validates payloads against it before sending (R5); an event
-	// whose type or schema version is missing here is parked.
+	// Schemas maps each schema version (1 or more) to its JSON Schema
+	// document. The Writer refuses a payload that fails it (R5, L2); the
+	// relay parks a row whose type or schema version is missing here. A
+	// published version's schema is never changed to reject payloads it
+	// accepted, since rows already written rely on it: a breaking change
+	// is a new version.
 	Schemas map[int][]byte
 }

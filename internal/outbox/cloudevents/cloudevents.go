@@ -145,7 +145,7 @@ func Decode(r *kgo.Record) (Event, error) {
 	if e.AggregateID == "" {
 		e.AggregateID = subject
 	}
-	if !validText(e.AggregateID, MaxAggregateBytes) || (hasSubject && subject != e.AggregateID) {
+	if !ValidText(e.AggregateID, MaxAggregateBytes) || (hasSubject && subject != e.AggregateID) {
 		return Event{}, invalid("record key %q and %s %q do not name one aggregate", clip(string(r.Key)), HeaderSubject, clip(subject))
 	}
 	v := h[HeaderAggregateVersion]
@@ -177,9 +177,9 @@ func Decode(r *kgo.Record) (Event, error) {
 	e.Data = r.Value
 	// A malformed trace context must not cost the event: it is dropped,
 	// and the event is processed without a parent span.
-	if tp := h[HeaderTraceparent]; traceparentRE.MatchString(tp) && tp[:2] != "ff" {
+	if tp := h[HeaderTraceparent]; ValidTraceparent(tp) {
 		e.Traceparent = tp
-		if ts := h[HeaderTracestate]; len(ts) <= maxTracestate && validText(ts, maxTracestate) {
+		if ts := h[HeaderTracestate]; len(ts) <= maxTracestate && ValidText(ts, maxTracestate) {
 			e.Tracestate = ts
 		}
 	}
@@ -187,6 +187,14 @@ func Decode(r *kgo.Record) (Event, error) {
 }
 
 var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
+
+// ValidTraceparent reports whether s is a W3C traceparent that Decode
+// keeps: version-traceid-parentid-flags in lower-case hex, version not ff.
+// The outbox writer refuses any other non-empty value, so that what the
+// relay sends is what the consumer reads.
+func ValidTraceparent(s string) bool {
+	return traceparentRE.MatchString(s) && s[:2] != "ff"
+}
 
 // headers indexes the record's headers by lower-case key. A header that
 // matters repeated with different values is ambiguous, hence invalid;
@@ -218,16 +226,19 @@ func text(h map[string]string, name string, max int) (string, error) {
 	if !ok || v == "" {
 		return "", invalid("%s is missing", name)
 	}
-	if !validText(v, max) {
+	if !ValidText(v, max) {
 		return "", invalid("%s %q is not printable UTF-8 of at most %d bytes", name, clip(v), max)
 	}
 	return v, nil
 }
 
-// validText reports whether s is non-empty, at most max bytes, valid UTF-8
+// ValidText reports whether s is non-empty, at most max bytes, valid UTF-8
 // and free of control characters: what PostgreSQL text, logs and metric
 // labels accept without surprises (a NUL is refused by text columns).
-func validText(s string, max int) bool {
+// Decode checks every textual attribute with it, and the outbox writer
+// checks the same attributes with the same bounds before it stores them,
+// so an event it accepts is one Decode accepts.
+func ValidText(s string, max int) bool {
 	if s == "" || len(s) > max || !utf8.ValidString(s) {
 		return false
 	}

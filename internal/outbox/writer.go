@@ -1,0 +1,316 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/outboxref/orders/internal/outbox/cloudevents"
+	"github.com/outboxref/orders/internal/outbox/outboxdb"
+)
+
+// MaxPayloadBytes bounds one event's payload at write time (W6). Large
+// content belongs behind an immutable reference, not in the outbox.
+const MaxPayloadBytes = 256 << 10
+
+// Errors of Writer.Insert and Writer.Validate. Every refusal matches
+// ErrInvalidEvent, and some also match a more specific error below; the
+// *InvalidEventError behind them names the event and the field at fault.
+var (
+	// ErrInvalidEvent matches every event the writer refuses.
+	ErrInvalidEvent = errors.New("outbox: invalid event")
+	// ErrPayloadTooLarge matches a payload over MaxPayloadBytes. Unlike the
+	// other refusals it is usually the request's fault, not the code's: a
+	// service answers it with a 4xx (W6).
+	ErrPayloadTooLarge = errors.New("outbox: event payload too large")
+	// ErrUnknownEventType matches an event type the writer was not given.
+	ErrUnknownEventType = errors.New("outbox: event type not registered")
+	// ErrUnknownSchemaVersion matches a schema version its event type does
+	// not have.
+	ErrUnknownSchemaVersion = errors.New("outbox: schema version not registered")
+)
+
+// InvalidEventError is how Insert and Validate refuse an event. Use
+// errors.As to read it and errors.Is with the errors above to classify it.
+type InvalidEventError struct {
+	// Index is the event's position in the slice given to Insert or
+	// Validate.
+	Index int
+	// Field names the Event field at fault: "ID", "AggregateType",
+	// "AggregateID", "AggregateVersion", "Type", "SchemaVersion", "Payload"
+	// or "Traceparent".
+	Field string
+	// Reason says what is wrong with it. It never quotes a payload value
+	// or a text that failed its checks, so the error can be logged (O2).
+	Reason string
+	// eventType is the event's type when it is printable, for the message.
+	eventType string
+	// kind is the specific sentinel, if one applies.
+	kind error
+}
+
+func (e *InvalidEventError) Error() string {
+	if e.eventType != "" {
+		return fmt.Sprintf("outbox: invalid event %d (%s): %s %s", e.Index, e.eventType, e.Field, e.Reason)
+	}
+	return fmt.Sprintf("outbox: invalid event %d: %s %s", e.Index, e.Field, e.Reason)
+}
+
+// Unwrap returns ErrInvalidEvent and, where one applies, the specific
+// error (ErrPayloadTooLarge, ErrUnknownEventType, ErrUnknownSchemaVersion).
+func (e *InvalidEventError) Unwrap() []error {
+	if e.kind == nil {
+		return []error{ErrInvalidEvent}
+	}
+	return []error{ErrInvalidEvent, e.kind}
+}
+
+// Writer writes events into the outbox inside the caller's transaction,
+// after checking each one against the event types it was built with. It
+// closes the gap a plain INSERT leaves open: an event the relay could
+// never deliver (an empty type, an unknown schema version, a payload that
+// breaks its contract) is refused while the caller can still roll back the
+// business change, instead of being parked later, where it would block
+// its aggregate for good under strict ordering (R6).
+//
+// A Writer is safe for concurrent use; build one at start-up and share it.
+type Writer struct {
+	types *eventTypes
+}
+
+// NewWriter compiles the JSON Schemas of types once. It refuses what
+// NewRelay refuses (no types, a duplicate or unprintable name, a schema
+// that does not compile), so a service can build both from one list.
+func NewWriter(types []EventType) (*Writer, error) {
+	et, err := compileTypes(types)
+	if err != nil {
+		return nil, fmt.Errorf("outbox writer: %w", err)
+	}
+	return &Writer{types: et}, nil
+}
+
+// Insert writes events inside tx, the caller's business transaction, in
+// one statement, and fills in missing event IDs in place. Taking a pgx.Tx
+// rather than a pool is the point: events committed on their own would be
+// the dual write this package exists to prevent.
+//
+// Insert first runs Validate and, if any event is refused, returns its
+// *InvalidEventError without sending anything to the database: nothing is
+// written and tx stays usable. The caller decides what follows; a command
+// handler normally returns the error and rolls back, so the business
+// change does not commit without its events.
+//
+// An error from the statement itself leaves tx aborted, as any failed
+// statement does in PostgreSQL, and the caller must roll back. The unique
+// constraint on (aggregate_type, aggregate_id, aggregate_version) is one
+// such error: a second writer of the same version fails, and with it its
+// whole business transaction.
+func (w *Writer) Insert(ctx context.Context, tx pgx.Tx, events []Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	if err := w.Validate(events); err != nil {
+		return err
+	}
+	p := outboxdb.OutboxInsertParams{}
+	for i := range events {
+		e := &events[i]
+		if e.ID == uuid.Nil {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return fmt.Errorf("generate event id: %w", err)
+			}
+			e.ID = id
+		}
+		p.EventIDs = append(p.EventIDs, e.ID)
+		p.AggregateTypes = append(p.AggregateTypes, e.AggregateType)
+		p.AggregateIDs = append(p.AggregateIDs, e.AggregateID)
+		p.AggregateVersions = append(p.AggregateVersions, e.AggregateVersion)
+		p.EventTypes = append(p.EventTypes, e.Type)
+		p.SchemaVersions = append(p.SchemaVersions, int32(e.SchemaVersion)) // bounded by compileTypes
+		p.Payloads = append(p.Payloads, e.Payload)
+		p.Traceparents = append(p.Traceparents, e.Traceparent)
+	}
+	if err := outboxdb.New(tx).OutboxInsert(ctx, p); err != nil {
+		return fmt.Errorf("insert %d outbox events: %w", len(events), err)
+	}
+	return nil
+}
+
+// Validate checks events as Insert does, without writing anything, and
+// returns the first refusal as an *InvalidEventError. Insert calls it;
+// tools that change rows without Insert, such as the repair of a parked
+// event (O4), call it before they write.
+//
+// Each event must have an aggregate type and id, and a type, that the
+// record headers and PostgreSQL text can carry (printable UTF-8 within the
+// cloudevents bounds); an aggregate version and schema version of 1 or
+// more; a type registered with the writer and a schema version that type
+// has; a payload of at most MaxPayloadBytes that is JSON, storable as
+// jsonb, and valid against its JSON Schema; and an empty or well-formed
+// W3C traceparent. Within one call, event IDs are distinct and the events
+// of one aggregate take consecutive versions in slice order (W4).
+func (w *Writer) Validate(events []Event) error {
+	type aggregate struct{ typ, id string }
+	last := make(map[aggregate]int64, len(events))
+	ids := make(map[uuid.UUID]bool, len(events))
+	for i := range events {
+		e := &events[i]
+		if err := w.check(i, e); err != nil {
+			return err
+		}
+		if e.ID != uuid.Nil {
+			if ids[e.ID] {
+				return refuse(i, e, "ID", "appears twice in this call", nil)
+			}
+			ids[e.ID] = true
+		}
+		// Only the versions within this call can be seen here; those before
+		// it are the caller's to fix from the aggregate's own version.
+		agg := aggregate{e.AggregateType, e.AggregateID}
+		if prev, seen := last[agg]; seen && e.AggregateVersion != prev+1 {
+			return refuse(i, e, "AggregateVersion", fmt.Sprintf(
+				"is %d after version %d of the same aggregate in this call; one command's events take consecutive versions (W4)",
+				e.AggregateVersion, prev), nil)
+		}
+		last[agg] = e.AggregateVersion
+	}
+	return nil
+}
+
+// check validates one event on its own.
+func (w *Writer) check(i int, e *Event) error {
+	if err := checkText(i, e, "AggregateType", e.AggregateType, cloudevents.MaxAggregateBytes); err != nil {
+		return err
+	}
+	if err := checkText(i, e, "AggregateID", e.AggregateID, cloudevents.MaxAggregateBytes); err != nil {
+		return err
+	}
+	if e.AggregateVersion < 1 {
+		return refuse(i, e, "AggregateVersion", fmt.Sprintf("is %d; versions of an aggregate start at 1", e.AggregateVersion), nil)
+	}
+	if err := checkText(i, e, "Type", e.Type, cloudevents.MaxTypeBytes); err != nil {
+		return err
+	}
+	t, ok := w.types.byName[e.Type]
+	if !ok {
+		return refuse(i, e, "Type", "is not registered with this writer", ErrUnknownEventType)
+	}
+	if e.SchemaVersion < 1 {
+		return refuse(i, e, "SchemaVersion", fmt.Sprintf("is %d; schema versions start at 1", e.SchemaVersion), nil)
+	}
+	schema, ok := t.schemas[e.SchemaVersion]
+	if !ok {
+		return refuse(i, e, "SchemaVersion", fmt.Sprintf("%d is not registered for this event type", e.SchemaVersion), ErrUnknownSchemaVersion)
+	}
+	if e.Traceparent != "" && !cloudevents.ValidTraceparent(e.Traceparent) {
+		return refuse(i, e, "Traceparent", "is not a W3C traceparent (version-traceid-parentid-flags in lower-case hex)", nil)
+	}
+	return checkPayload(i, e, schema)
+}
+
+// checkText refuses a text field that is empty, or that PostgreSQL text or
+// the record headers could not carry: the consumer's cloudevents.Decode
+// would refuse the record, so the event could never be delivered.
+func checkText(i int, e *Event, field, value string, max int) error {
+	switch {
+	case value == "":
+		return refuse(i, e, field, "is empty", nil)
+	case !cloudevents.ValidText(value, max):
+		return refuse(i, e, field, fmt.Sprintf("is not printable UTF-8 of at most %d bytes (no NUL or other control characters)", max), nil)
+	}
+	return nil
+}
+
+// checkPayload refuses a payload that is too large, is not JSON, cannot be
+// stored as jsonb, or fails its JSON Schema. The size comes first, so that
+// an oversized payload is never parsed.
+func checkPayload(i int, e *Event, schema *jsonschema.Schema) error {
+	switch {
+	case len(e.Payload) > MaxPayloadBytes:
+		return refuse(i, e, "Payload", fmt.Sprintf("is %d bytes, over the %d-byte limit; store large content elsewhere and reference it (W6)",
+			len(e.Payload), MaxPayloadBytes), ErrPayloadTooLarge)
+	case !utf8.Valid(e.Payload):
+		return refuse(i, e, "Payload", "is not valid UTF-8", nil)
+	case !json.Valid(e.Payload):
+		return refuse(i, e, "Payload", "is not JSON", nil)
+	}
+	if reason := jsonbUnsafe(e.Payload); reason != "" {
+		return refuse(i, e, "Payload", reason, nil)
+	}
+	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(e.Payload))
+	if err != nil {
+		return refuse(i, e, "Payload", "is not JSON", nil)
+	}
+	if err := schema.Validate(doc); err != nil {
+		return refuse(i, e, "Payload", schemaSummary(e.Type, e.SchemaVersion, err), nil)
+	}
+	return nil
+}
+
+// jsonbUnsafe returns why PostgreSQL would refuse valid JSON as jsonb, or
+// "". jsonb stores strings as text, which cannot hold U+0000, and it
+// rejects a \u escape of half a surrogate pair; either would fail the
+// INSERT and abort the caller's transaction. payload must be valid JSON:
+// a backslash then only occurs inside a string, and every \u has four hex
+// digits.
+func jsonbUnsafe(payload []byte) string {
+	for i := 0; i < len(payload); i++ {
+		if payload[i] != '\\' {
+			continue
+		}
+		i++ // the escaped character; for `\\` this skips the second backslash
+		if payload[i] != 'u' {
+			continue
+		}
+		r := hex4(payload[i+1 : i+5])
+		i += 4
+		switch {
+		case r == 0:
+			return "holds \\u0000, which PostgreSQL jsonb cannot store"
+		case r >= 0xDC00 && r <= 0xDFFF:
+			return "holds an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb refuses"
+		case r >= 0xD800 && r <= 0xDBFF:
+			if i+6 >= len(payload) || payload[i+1] != '\\' || payload[i+2] != 'u' {
+				return "holds an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb refuses"
+			}
+			if lo := hex4(payload[i+3 : i+7]); lo < 0xDC00 || lo > 0xDFFF {
+				return "holds an unpaired UTF-16 surrogate escape, which PostgreSQL jsonb refuses"
+			}
+			i += 6
+		}
+	}
+	return ""
+}
+
+// hex4 decodes four hex digits, already known to be valid.
+func hex4(b []byte) rune {
+	var r rune
+	for _, c := range b {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		default:
+			r |= rune(c - 'A' + 10)
+		}
+	}
+	return r
+}
+
+func refuse(i int, e *Event, field, reason string, kind error) *InvalidEventError {
+	err := &InvalidEventError{Index: i, Field: field, Reason: reason, kind: kind}
+	if cloudevents.ValidText(e.Type, cloudevents.MaxTypeBytes) {
+		err.eventType = e.Type
+	}
+	return err
+}

@@ -1,0 +1,210 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/orders/internal/outbox"
+)
+
+// TestWriterRefuses (L2): each kind of event the relay could not deliver,
+// or the database could not store, is refused with a typed error before
+// any statement runs. Nothing is written, and the caller's transaction
+// stays usable: a valid event can still be inserted in it.
+func TestWriterRefuses(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	set := func(mod func(*outbox.Event)) func(string) []outbox.Event {
+		return func(agg string) []outbox.Event { return []outbox.Event{event(agg, 1, mod)} }
+	}
+	for _, tc := range []struct {
+		name   string
+		events func(agg string) []outbox.Event
+		index  int    // of the refused event
+		field  string // InvalidEventError.Field
+		kind   error  // the specific sentinel, if any
+	}{
+		{"EmptyType", set(func(e *outbox.Event) { e.Type = "" }), 0, "Type", nil},
+		{"EmptyAggregateType", set(func(e *outbox.Event) { e.AggregateType = "" }), 0, "AggregateType", nil},
+		{"EmptyAggregateID", set(func(e *outbox.Event) { e.AggregateID = "" }), 0, "AggregateID", nil},
+		{"VersionZero", set(func(e *outbox.Event) { e.AggregateVersion = 0 }), 0, "AggregateVersion", nil},
+		{"VersionNegative", set(func(e *outbox.Event) { e.AggregateVersion = -1 }), 0, "AggregateVersion", nil},
+		{"SchemaVersionZero", set(func(e *outbox.Event) { e.SchemaVersion = 0 }), 0, "SchemaVersion", nil},
+		{"UnregisteredType", set(func(e *outbox.Event) { e.Type = "test.unknown" }), 0, "Type", outbox.ErrUnknownEventType},
+		{"UnregisteredSchemaVersion", set(func(e *outbox.Event) { e.SchemaVersion = 2 }), 0, "SchemaVersion", outbox.ErrUnknownSchemaVersion},
+		{"PayloadMissing", set(func(e *outbox.Event) { e.Payload = nil }), 0, "Payload", nil},
+		{"PayloadNotJSON", set(withPayload(`{"n": 1`)), 0, "Payload", nil},
+		{"PayloadTrailingData", set(withPayload(`{"n": 1} {}`)), 0, "Payload", nil},
+		{"PayloadFailsSchema", set(withPayload(`{"n": "secret-value"}`)), 0, "Payload", nil},
+		{"PayloadExtraProperty", set(withPayload(`{"n": 1, "secret-key": true}`)), 0, "Payload", nil},
+		{"PayloadTooLarge", set(withPayload(`{"n": 1, "blob": "` + strings.Repeat("x", outbox.MaxPayloadBytes) + `"}`)), 0, "Payload", outbox.ErrPayloadTooLarge},
+		// Valid JSON that PostgreSQL's jsonb refuses: the INSERT would fail.
+		{"PayloadNULEscape", set(withPayload(`{"n": 1, "blob": "a\u0000b"}`)), 0, "Payload", nil},
+		{"PayloadLoneHighSurrogate", set(withPayload(`{"n": 1, "blob": "\ud800x"}`)), 0, "Payload", nil},
+		{"PayloadLoneLowSurrogate", set(withPayload(`{"n": 1, "blob": "\udc00"}`)), 0, "Payload", nil},
+		{"PayloadInvalidUTF8", set(withPayload("{\"n\": 1, \"blob\": \"\xff\"}")), 0, "Payload", nil},
+		// Text that PostgreSQL text columns or the record headers cannot
+		// carry, within cloudevents' bounds.
+		{"NULInAggregateID", set(func(e *outbox.Event) { e.AggregateID += "\x00" }), 0, "AggregateID", nil},
+		{"InvalidUTF8InType", set(func(e *outbox.Event) { e.Type = "test.\xff" }), 0, "Type", nil},
+		{"ControlCharacterInAggregateType", set(func(e *outbox.Event) { e.AggregateType = "te\nst" }), 0, "AggregateType", nil},
+		{"AggregateIDTooLong", set(func(e *outbox.Event) { e.AggregateID = strings.Repeat("a", 1025) }), 0, "AggregateID", nil},
+		{"MalformedTraceparent", set(func(e *outbox.Event) { e.Traceparent = "00-abc\x00" }), 0, "Traceparent", nil},
+		// Within one call (W4).
+		{"VersionGapInOneCall", func(agg string) []outbox.Event { return []outbox.Event{event(agg, 1), event(agg, 3)} }, 1, "AggregateVersion", nil},
+		{"VersionTwiceInOneCall", func(agg string) []outbox.Event { return []outbox.Event{event(agg, 1), event(agg, 1)} }, 1, "AggregateVersion", nil},
+		{"EventIDTwiceInOneCall", func(agg string) []outbox.Event {
+			id := uuid.New()
+			return []outbox.Event{event(agg, 1, withID(id)), event(agg+"-b", 1, withID(id))}
+		}, 1, "ID", nil},
+		{"OneBadEventRefusesTheCall", func(agg string) []outbox.Event {
+			return []outbox.Event{event(agg, 1), event(agg, 2, withPayload(`{}`))}
+		}, 1, "Payload", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx) //nolint:errcheck // the test never commits
+
+			agg := "agg-" + tc.name
+			events := tc.events(agg)
+			err = testWriter.Insert(ctx, tx, events)
+
+			require.ErrorIs(t, err, outbox.ErrInvalidEvent)
+			var ie *outbox.InvalidEventError
+			require.ErrorAs(t, err, &ie)
+			require.Equal(t, tc.index, ie.Index)
+			require.Equal(t, tc.field, ie.Field, "reason: %s", ie.Reason)
+			if tc.kind != nil {
+				require.ErrorIs(t, err, tc.kind)
+			}
+			for _, other := range []error{outbox.ErrPayloadTooLarge, outbox.ErrUnknownEventType, outbox.ErrUnknownSchemaVersion} {
+				if other != tc.kind {
+					require.NotErrorIs(t, err, other)
+				}
+			}
+			require.NotContains(t, err.Error(), "secret", "the error never quotes a payload")
+			require.Zero(t, countIn(t, tx), "nothing written")
+			for _, ev := range events {
+				if tc.name != "EventIDTwiceInOneCall" {
+					require.Equal(t, uuid.Nil, ev.ID, "a refused call fills in no IDs")
+				}
+			}
+
+			// The refusal sent nothing to PostgreSQL, so the transaction is
+			// not aborted: the caller may go on, or roll back.
+			valid := []outbox.Event{event(agg+"-valid", 1)}
+			require.NoError(t, testWriter.Insert(ctx, tx, valid))
+			require.Equal(t, 1, countIn(t, tx))
+		})
+	}
+}
+
+// countIn counts the outbox rows tx sees: its own uncommitted ones and
+// committed ones (the test above never commits).
+func countIn(t *testing.T, tx pgx.Tx) int {
+	t.Helper()
+	var n int
+	require.NoError(t, tx.QueryRow(context.Background(), "SELECT count(*) FROM outbox").Scan(&n))
+	return n
+}
+
+func withID(id uuid.UUID) func(*outbox.Event) {
+	return func(e *outbox.Event) { e.ID = id }
+}
+
+// TestWriterInsert: valid events of one command are written in one call,
+// with consecutive versions, generated IDs and the traceparent when there
+// is one; a version written twice fails on the unique constraint, which
+// aborts the caller's transaction.
+func TestWriterInsert(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx := context.Background()
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	fixed := uuid.New()
+	evs := []outbox.Event{
+		event("agg", 1, withID(fixed), func(e *outbox.Event) { e.Traceparent = tp }),
+		event("agg", 2, loose),
+		event("other", 7),
+		event("agg", 3),
+	}
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, testWriter.Insert(ctx, tx, evs))
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, fixed, evs[0].ID, "a given ID is kept")
+	for _, ev := range evs {
+		require.NotEqual(t, uuid.Nil, ev.ID, "missing IDs are filled in")
+		var version int64
+		var traceparent *string
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT aggregate_version, traceparent FROM outbox WHERE event_id = $1", ev.ID).Scan(&version, &traceparent))
+		require.Equal(t, ev.AggregateVersion, version)
+		if ev.Traceparent == "" {
+			require.Nil(t, traceparent)
+		} else {
+			require.Equal(t, tp, *traceparent)
+		}
+	}
+	require.NoError(t, testWriter.Insert(ctx, nil, nil), "nothing to write is not an error")
+
+	tx, err = db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck // aborted on purpose
+	err = testWriter.Insert(ctx, tx, []outbox.Event{event("agg", 3)})
+	require.Error(t, err, "version 3 of agg exists")
+	require.NotErrorIs(t, err, outbox.ErrInvalidEvent, "a database refusal is not a validation error")
+	_, err = tx.Exec(ctx, "SELECT 1")
+	require.Error(t, err, "a failed statement aborts the transaction; the caller rolls back")
+}
+
+// TestNewWriterRefusesBadTypes: a list of event types that could never be
+// written or delivered is refused at start-up.
+func TestNewWriterRefusesBadTypes(t *testing.T) {
+	t.Parallel()
+	schemas := map[int][]byte{1: testSchema}
+	for name, tc := range map[string]struct {
+		types []outbox.EventType
+		want  string
+	}{
+		"None":              {nil, "no event types"},
+		"EmptyName":         {[]outbox.EventType{{Schemas: schemas}}, "empty name"},
+		"ControlCharInName": {[]outbox.EventType{{Name: "a\tb", Schemas: schemas}}, "not printable"},
+		"Twice":             {[]outbox.EventType{{Name: "a", Schemas: schemas}, {Name: "a", Schemas: schemas}}, "listed twice"},
+		"NoSchema":          {[]outbox.EventType{{Name: "a"}}, "no JSON Schema"},
+		"SchemaVersionZero": {[]outbox.EventType{{Name: "a", Schemas: map[int][]byte{0: testSchema}}}, "schema version 0"},
+		"SchemaDoesNotCompile": {[]outbox.EventType{{Name: "a", Schemas: map[int][]byte{1: []byte(`{"type": 12}`)}}},
+			"compile JSON Schema"},
+		"UnknownOrdering": {[]outbox.EventType{{Name: "a", Ordering: outbox.Ordering(7), Schemas: schemas}}, "ordering"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, err := outbox.NewWriter(tc.types)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+// TestWriterValidate: Validate applies Insert's checks without a database,
+// for tools that write rows another way (O4 repairs).
+func TestWriterValidate(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, testWriter.Validate([]outbox.Event{event("a", 1), event("a", 2), event("b", 5)}))
+	err := testWriter.Validate([]outbox.Event{event("a", 1, withPayload(`{"n": 1.5}`))})
+	var ie *outbox.InvalidEventError
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, "Payload", ie.Field)
+	require.Contains(t, ie.Reason, "/n (type)", "the reason names the failing location and keyword")
+	require.Equal(t, fmt.Sprintf("outbox: invalid event 0 (%s): Payload %s", strictType, ie.Reason), err.Error())
+	require.True(t, errors.Is(err, outbox.ErrInvalidEvent))
+	require.NoError(t, testWriter.Validate(nil))
+}
