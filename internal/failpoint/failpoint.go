@@ -14,7 +14,8 @@
 //
 // "kill" sends SIGKILL to the process itself the first time the point is
 // reached, "kill@N" the N-th time: no deferred code runs, no connection is
-// closed politely, exactly as when the machine dies.
+// closed politely, exactly as when the machine dies. "stop" sends SIGSTOP
+// instead: the process freezes there until the test sends SIGCONT.
 package failpoint
 
 // The failpoints of the notifier (the relay's are in the outbox package,

@@ -13,7 +13,7 @@ import (
 
 // armedPoint is one failpoint named in FAILPOINTS.
 type armedPoint struct {
-	action string
+	action string // kill or stop
 	at     int64 // the hit that triggers, from 1
 	hits   atomic.Int64
 }
@@ -36,8 +36,8 @@ func parse(spec string) map[string]*armedPoint {
 			}
 			action, at = a, v
 		}
-		if !ok || action != "kill" {
-			fmt.Fprintf(os.Stderr, "failpoint: ignoring %q: want name=kill or name=kill@N\n", item)
+		if !ok || (action != "kill" && action != "stop") {
+			fmt.Fprintf(os.Stderr, "failpoint: ignoring %q: want name=kill|stop, or with @N\n", item)
 			continue
 		}
 		out[name] = &armedPoint{action: action, at: at}
@@ -51,6 +51,11 @@ func parse(spec string) map[string]*armedPoint {
 func Inject(name string) {
 	p := armed[name]
 	if p == nil || p.hits.Add(1) != p.at {
+		return
+	}
+	if p.action == "stop" {
+		fmt.Fprintf(os.Stderr, "failpoint: %s reached: SIGSTOP\n", name)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 		return
 	}
 	fmt.Fprintf(os.Stderr, "failpoint: %s reached: SIGKILL\n", name)

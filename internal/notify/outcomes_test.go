@@ -197,6 +197,9 @@ func outage(t *testing.T, e *env) (end func()) {
 	require.NoError(t, err)
 	_, err = admin.Exec(ctx, "ALTER DATABASE "+db+" ALLOW_CONNECTIONS false")
 	require.NoError(t, err)
+	// The first round before returning: from here on, no connection works.
+	_, err = admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", cfg.Database)
+	require.NoError(t, err)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {

@@ -67,12 +67,14 @@ type hooks struct {
 
 // The crash points. Each window of V2 is one small named function, called
 // at exactly one place in the relay, so that whatever stops the relay
-// there (the tests' hooks today, build-tagged failpoints for real-process
-// kill tests later) is added in one spot and cannot drift from the others.
+// there (the package tests' hooks, and the failpoints that kill a real
+// relay process in builds with the "failpoints" tag) is added in one spot
+// and cannot drift from the others.
 
 // beforeClaimCommit is window 1: rows leased, claim transaction not yet
 // committed.
 func (r *Relay) beforeClaimCommit(ctx context.Context, batch []leased) error {
+	failpoint("relay/before-claim-commit")
 	if r.hooks.BeforeClaimCommit == nil {
 		return nil
 	}
@@ -81,6 +83,7 @@ func (r *Relay) beforeClaimCommit(ctx context.Context, batch []leased) error {
 
 // afterClaim is window 2: the claim committed, nothing sent.
 func (r *Relay) afterClaim(ctx context.Context, batch []leased) error {
+	failpoint("relay/after-claim")
 	if r.hooks.AfterClaim == nil {
 		return nil
 	}
@@ -90,11 +93,13 @@ func (r *Relay) afterClaim(ctx context.Context, batch []leased) error {
 // afterProduce is windows 3 and 4: the broker answered (or stored the
 // record and the answer was lost), nothing confirmed.
 func (r *Relay) afterProduce(ctx context.Context, outcomes []outcome) error {
+	failpoint("relay/after-produce")
 	return callHook(ctx, r.hooks.AfterProduce, outcomes)
 }
 
 // afterConfirm is window 5: the batch is settled in the database.
 func (r *Relay) afterConfirm(ctx context.Context, confirmed []claim) error {
+	failpoint("relay/after-confirm")
 	return callHook(ctx, r.hooks.AfterConfirm, confirmed)
 }
 
