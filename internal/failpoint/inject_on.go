@@ -14,7 +14,7 @@ import (
 // armedPoint is one failpoint named in FAILPOINTS.
 type armedPoint struct {
 	action string // kill or stop
-	at     int64 // the hit that triggers, from 1
+	at     int64  // the hit that triggers, from 1
 	hits   atomic.Int64
 }
 
