@@ -3,3 +3,85 @@
 //   sqlc v1.31.1
 
 package outboxdb
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+)
+
+type Outbox struct {
+	EventID          uuid.UUID
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	SchemaVersion    int32
+	Payload          []byte
+	Traceparent      *string
+	CreatedAt        time.Time
+	State            string
+	LeaseOwner       *string
+	LeaseToken       *uuid.UUID
+	LeaseExpiresAt   *time.Time
+	Attempts         int32
+	NextAttemptAt    time.Time
+	LastErrorClass   *string
+	LastError        *string
+	BrokerPartition  *int32
+	BrokerOffset     *int64
+	DeliveredAt      *time.Time
+}
+
+type OutboxArchive struct {
+	EventID          uuid.UUID
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	SchemaVersion    int32
+	CreatedAt        time.Time
+	DeliveredAt      *time.Time
+	BrokerPartition  *int32
+	BrokerOffset     *int64
+	ArchivedAt       time.Time
+}
+
+type OutboxAudit struct {
+	ID           int64
+	At           time.Time
+	Actor        string
+	Action       string
+	Target       string
+	Reason       string
+	BeforeSha256 []byte
+	AfterSha256  []byte
+	Detail       []byte
+}
+
+type OutboxReplayItem struct {
+	PlanID          uuid.UUID
+	EventID         uuid.UUID
+	EventType       string
+	CreatedAt       time.Time
+	State           string
+	PublishedAt     *time.Time
+	BrokerPartition *int32
+	BrokerOffset    *int64
+}
+
+type OutboxReplayPlan struct {
+	ID            uuid.UUID
+	CreatedAt     time.Time
+	CreatedBy     string
+	Reason        string
+	Selector      []byte
+	NeedsApproval bool
+	ApprovedBy    *string
+	ApprovedAt    *time.Time
+	Status        string
+	RunBy         *string
+	RunStartedAt  *time.Time
+	RunEndedAt    *time.Time
+	RunError      *string
+}

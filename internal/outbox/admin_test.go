@@ -1,0 +1,279 @@
+package outbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/outboxref/orders/internal/outbox"
+)
+
+var ops = outbox.Actor{Subject: "ops", Reason: "incident 42"}
+
+func (e *env) admin() *outbox.Admin { return outbox.NewAdmin(e.db.Pool, testWriter) }
+
+// TestRepairAndResume is O4 end to end: an event the relay parks (written
+// by newer code, with a schema version this relay does not know) blocks its
+// aggregate; an operator sees it in the parked list, repairs its schema
+// version and payload, and resumes it. It is delivered with the same
+// event_id and version, and the aggregate's later events follow in order.
+// Every write is audited with the actor, the reason and hashes.
+func TestRepairAndResume(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	bad := e.insertRaw(t, event("agg-1", 1, func(ev *outbox.Event) { ev.SchemaVersion = 2; ev.Payload = json.RawMessage(`{"count": 1}`) }))[0]
+	later := e.insert(t, event("agg-1", 2), event("agg-1", 3))
+	other := e.insert(t, event("agg-2", 1))[0]
+	start(t, e.relay(t, nil))
+	require.Eventually(t, func() bool { return e.row(t, other.ID).State == "delivered" && e.row(t, bad.ID).State == "parked" },
+		20*time.Second, 10*time.Millisecond)
+	admin := e.admin()
+	ctx := context.Background()
+
+	parked, err := admin.Parked(ctx, outbox.ParkedFilter{EventType: strictType})
+	require.NoError(t, err)
+	require.Len(t, parked, 1)
+	require.Equal(t, bad.ID, parked[0].EventID)
+	require.Equal(t, string(outbox.ClassUnknownSchemaVersion), parked[0].ErrorClass)
+	require.Equal(t, "pending", e.row(t, later[0].ID).State, "the parked head blocks its aggregate")
+
+	// A repair that still breaks the contract is refused, nothing written.
+	_, err = admin.Repair(ctx, bad.ID, outbox.Repair{SchemaVersion: 1}, ops)
+	require.ErrorIs(t, err, outbox.ErrInvalidEvent, "v1 requires n")
+	_, err = admin.Repair(ctx, bad.ID, outbox.Repair{SchemaVersion: 1, Payload: json.RawMessage(`{"n": 1}`)}, outbox.Actor{Subject: "ops"})
+	require.ErrorIs(t, err, outbox.ErrActorRequired, "a reason is required")
+	_, err = admin.Repair(ctx, other.ID, outbox.Repair{SchemaVersion: 1}, ops)
+	require.ErrorIs(t, err, outbox.ErrNotParked)
+
+	d, err := admin.Repair(ctx, bad.ID, outbox.Repair{SchemaVersion: 1, Payload: json.RawMessage(`{"n": 1}`)}, ops)
+	require.NoError(t, err)
+	require.Equal(t, "parked", d.State, "repaired, still parked until resumed")
+	require.JSONEq(t, `{"n": 1}`, string(d.Payload))
+
+	resumed, err := admin.Resume(ctx, []uuid.UUID{bad.ID}, "", outbox.Actor{Subject: "ops2", Reason: "repaired in incident 42"})
+	require.NoError(t, err)
+	require.Equal(t, []uuid.UUID{bad.ID}, resumed)
+	e.waitDelivered(t, 20*time.Second)
+
+	var versions []int64
+	for _, r := range e.readAll(t) {
+		if r.Key == "agg-1" {
+			versions = append(versions, r.Version)
+			if r.Version == 1 {
+				require.Equal(t, bad.ID, r.EventID, "the same event_id, never a new event")
+			}
+		}
+	}
+	require.Equal(t, []int64{1, 2, 3}, versions, "the aggregate's later events follow in order")
+
+	d, err = admin.Event(ctx, bad.ID)
+	require.NoError(t, err)
+	require.Equal(t, "delivered", d.State)
+	require.Len(t, d.Audit, 2)
+	require.Equal(t, []string{"repair", "resume"}, []string{d.Audit[0].Action, d.Audit[1].Action})
+	require.Equal(t, []string{"ops", "ops2"}, []string{d.Audit[0].Actor, d.Audit[1].Actor})
+	require.Equal(t, "incident 42", d.Audit[0].Reason)
+	require.NotEqual(t, d.Audit[0].BeforeSHA256, d.Audit[0].AfterSHA256)
+	require.Len(t, d.Audit[0].BeforeSHA256, 64)
+
+	_, err = admin.Resume(ctx, []uuid.UUID{bad.ID}, "", ops)
+	require.ErrorIs(t, err, outbox.ErrNotParked, "resuming twice changes nothing")
+}
+
+func TestStats(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.insert(t, event("a", 1), event("b", 1, loose))
+	stats, err := e.admin().Stats(context.Background())
+	require.NoError(t, err)
+	require.Len(t, stats, 2)
+	for _, s := range stats {
+		require.Equal(t, "pending", s.State)
+		require.Equal(t, int64(1), s.Count)
+		require.False(t, s.Oldest.IsZero())
+	}
+}
+
+// TestReplay is O5: a plan publishes nothing; a plan of more events than
+// the threshold, and every time-range plan, runs only after a second
+// admin's approval; the run publishes the original records again (same
+// event_id, key, headers), and records each publication in the event's
+// history; archived events are listed as skipped.
+func TestReplay(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	evs := e.insert(t, event("a", 1), event("a", 2), event("b", 1))
+	start(t, e.relay(t, nil))
+	e.waitDelivered(t, 20*time.Second)
+	before := len(e.readAll(t))
+	admin := e.admin()
+	ctx := context.Background()
+	policy := outbox.ReplayPolicy{ApprovalThreshold: 2, Consumers: []outbox.Consumer{
+		{Name: "mailer", EventTypes: []string{strictType}, InboxRetention: time.Millisecond, SideEffects: map[string]string{strictType: "email"}},
+		{Name: "audit", EventTypes: []string{looseType}, InboxRetention: time.Hour},
+	}}
+
+	small, err := admin.PlanReplay(ctx, outbox.ReplaySelector{IDs: []uuid.UUID{evs[0].ID, evs[1].ID}}, policy, ops)
+	require.NoError(t, err)
+	require.False(t, small.NeedsApproval)
+	require.Equal(t, map[string]int{strictType: 2}, small.Counts)
+	require.Len(t, small.Consumers, 1, "only the mailer reads the strict type")
+	require.Equal(t, "mailer", small.Consumers[0].Name)
+	require.Equal(t, map[string]string{strictType: "email"}, small.Consumers[0].SideEffects)
+	require.Len(t, small.Consumers[0].TooOld, 2, "a warning per event older than the mailer's inbox retention")
+	require.Len(t, e.readAll(t), before, "a plan publishes nothing")
+
+	rangePlan, err := admin.PlanReplay(ctx, outbox.ReplaySelector{From: time.Now().Add(-time.Hour), To: time.Now().Add(time.Minute)}, policy, ops)
+	require.NoError(t, err)
+	require.True(t, rangePlan.NeedsApproval, "every time-range plan needs a second admin")
+	require.Equal(t, 3, rangePlan.Events)
+
+	cl, err := kgo.NewClient(append(e.conn, kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))...)
+	require.NoError(t, err)
+	defer cl.Close()
+	target := outbox.ReplayTarget{Client: cl, Topic: topic, Source: "urn:outboxref:test", Rate: 1000}
+	_, err = admin.RunReplay(ctx, rangePlan.ID, target, policy, ops)
+	require.ErrorIs(t, err, outbox.ErrNeedsApproval)
+	_, err = admin.ApproveReplay(ctx, rangePlan.ID, policy, ops)
+	require.ErrorIs(t, err, outbox.ErrSameApprover)
+	approved, err := admin.ApproveReplay(ctx, rangePlan.ID, policy, outbox.Actor{Subject: "ops2", Reason: "checked the plan"})
+	require.NoError(t, err)
+	require.Equal(t, "approved", approved.Status)
+
+	done, err := admin.RunReplay(ctx, rangePlan.ID, target, policy, outbox.Actor{Subject: "ops2", Reason: "incident 42"})
+	require.NoError(t, err)
+	require.Equal(t, "done", done.Status)
+	require.Equal(t, 3, done.Published)
+	_, err = admin.RunReplay(ctx, rangePlan.ID, target, policy, ops)
+	require.ErrorIs(t, err, outbox.ErrPlanState, "a plan runs once")
+
+	after := e.readAll(t)
+	require.Len(t, after, before+3)
+	copies := map[uuid.UUID][]record{}
+	for _, r := range after {
+		copies[r.EventID] = append(copies[r.EventID], r)
+	}
+	for _, ev := range evs {
+		require.Len(t, copies[ev.ID], 2, "the original and its replay")
+		orig, again := copies[ev.ID][0], copies[ev.ID][1]
+		require.Equal(t, orig.Key, again.Key)
+		require.Equal(t, orig.Value, again.Value)
+		require.Equal(t, orig.Headers, again.Headers, "the same headers, event_id and version included")
+	}
+	d, err := admin.Event(ctx, evs[0].ID)
+	require.NoError(t, err)
+	require.Len(t, d.Replays, 2, "both plans are in the event's history")
+	published := 0
+	for _, r := range d.Replays {
+		if r.State == "published" {
+			published++
+			require.NotNil(t, r.Offset)
+		}
+	}
+	require.Equal(t, 1, published)
+
+	// Once cleaned up, an event can no longer be replayed: it is skipped.
+	_, err = e.db.Pool.Exec(ctx, "UPDATE outbox SET delivered_at = now() - interval '2 days' WHERE event_id = $1", evs[2].ID)
+	require.NoError(t, err)
+	_, err = admin.Cleanup(ctx, outbox.Cleanup{Retention: 24 * time.Hour, BatchSize: 10})
+	require.NoError(t, err)
+	p, err := admin.PlanReplay(ctx, outbox.ReplaySelector{IDs: []uuid.UUID{evs[1].ID, evs[2].ID}}, policy, ops)
+	require.NoError(t, err)
+	require.Equal(t, 1, p.Events)
+	require.Len(t, p.Skipped, 1)
+	require.Equal(t, evs[2].ID, p.Skipped[0].EventID)
+	require.Contains(t, p.Skipped[0].Reason, "archived")
+}
+
+// TestCleanup is O6: a backlog of delivered rows past the retention is
+// archived and deleted in batches while writes and the relay keep going;
+// pending and parked rows are never touched, however old, and recent
+// delivered rows stay.
+func TestCleanup(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	var old []outbox.Event
+	for i := range 120 {
+		old = append(old, e.insert(t, event(fmt.Sprintf("old-%d", i), 1))...)
+	}
+	start(t, e.relay(t, nil))
+	e.waitDelivered(t, 30*time.Second)
+	_, err := e.db.Pool.Exec(ctx, "UPDATE outbox SET delivered_at = now() - interval '10 days', created_at = now() - interval '10 days'")
+	require.NoError(t, err)
+	parked := e.insertRaw(t, event("parked", 1, func(ev *outbox.Event) { ev.SchemaVersion = 9 }))[0]
+	require.Eventually(t, func() bool { return e.row(t, parked.ID).State == "parked" }, 20*time.Second, 10*time.Millisecond)
+	_, err = e.db.Pool.Exec(ctx, "UPDATE outbox SET created_at = now() - interval '10 days', next_attempt_at = now() - interval '10 days' WHERE event_id = $1", parked.ID)
+	require.NoError(t, err)
+
+	// Writes and deliveries go on while the cleanup runs.
+	var writing sync.WaitGroup
+	var wrote atomic.Int64
+	stop := make(chan struct{})
+	writing.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			e.insert(t, event(fmt.Sprintf("new-%d", i), 1))
+			wrote.Add(1)
+		}
+	})
+	admin := e.admin()
+	n, err := admin.Cleanup(ctx, outbox.Cleanup{Retention: 24 * time.Hour, BatchSize: 25, Pause: time.Millisecond})
+	close(stop)
+	writing.Wait()
+	require.NoError(t, err)
+	require.Equal(t, int64(len(old)), n, "every old delivered row, in batches of 25")
+	e.waitDelivered(t, 30*time.Second)
+
+	require.Zero(t, e.count(t, "aggregate_id LIKE 'old-%'"), "the old delivered rows are gone")
+	require.Equal(t, int(wrote.Load()), e.count(t, "aggregate_id LIKE 'new-%' AND state = 'delivered'"), "recent rows stay")
+	require.Equal(t, 1, e.count(t, "state = 'parked'"), "a parked row is never cleaned, however old")
+	var archived int
+	require.NoError(t, e.db.Pool.QueryRow(ctx, "SELECT count(*) FROM outbox_archive WHERE broker_offset IS NOT NULL").Scan(&archived))
+	require.Equal(t, len(old), archived, "each deleted row left its identity and broker position")
+
+	d, err := admin.Event(ctx, old[0].ID)
+	require.NoError(t, err)
+	require.True(t, d.Archived)
+	require.Nil(t, d.Payload, "the archive keeps no payload")
+	require.NotNil(t, d.BrokerOffset)
+
+	_, err = admin.Cleanup(ctx, outbox.Cleanup{Retention: time.Hour})
+	require.Error(t, err, "a zero batch would never finish")
+}
+
+// TestCleanupOneRunnerAtATime: while a run holds the lock, another
+// process's run returns at once.
+func TestCleanupOneRunnerAtATime(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ctx := context.Background()
+	conn, err := e.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "SELECT pg_advisory_lock(7215402116)")
+	require.NoError(t, err)
+	e.insert(t, event("a", 1))
+	_, err = e.db.Pool.Exec(ctx, "UPDATE outbox SET state = 'delivered', delivered_at = now() - interval '2 days'")
+	require.NoError(t, err)
+	n, err := e.admin().Cleanup(ctx, outbox.Cleanup{Retention: time.Hour, BatchSize: 10})
+	require.NoError(t, err)
+	require.Zero(t, n)
+	_, err = conn.Exec(ctx, "SELECT pg_advisory_unlock(7215402116)")
+	require.NoError(t, err)
+	n, err = e.admin().Cleanup(ctx, outbox.Cleanup{Retention: time.Hour, BatchSize: 10})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+}
