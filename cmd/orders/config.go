@@ -23,6 +23,7 @@ type Config struct {
 
 	Kafka KafkaConfig
 	Relay RelayConfig
+	Ops   OperationsConfig
 }
 
 // KafkaConfig is how the relay reaches the broker.
@@ -130,6 +131,7 @@ func load(getenv func(string) string, api bool) (Config, error) {
 			MetricsAddr:  r.String("RELAY_METRICS_ADDR", ":9091"),
 		},
 	}
+	c.Ops = loadOperations(r)
 	// The produce deadline defaults to 10s but never more than half the
 	// lease (R5a), so that shortening RELAY_LEASE alone stays valid.
 	c.Kafka.ProduceTimeout = r.Duration("KAFKA_PRODUCE_TIMEOUT", min(10*time.Second, c.Relay.Lease/2))
@@ -186,4 +188,5 @@ func (c Config) print(w io.Writer) {
 	fmt.Fprintf(w, "config: RELAY_ENABLED=%t RELAY_BATCH_SIZE=%d RELAY_LEASE=%s RELAY_POLL_INTERVAL=%s RELAY_BACKOFF_BASE=%s RELAY_BACKOFF_CAP=%s RELAY_DRAIN_TIMEOUT=%s RELAY_CE_SOURCE=%s RELAY_METRICS_ADDR=%s\n",
 		c.Relay.Enabled, c.Relay.BatchSize, c.Relay.Lease, c.Relay.PollInterval, c.Relay.BackoffBase, c.Relay.BackoffCap,
 		c.Relay.DrainTimeout, c.Relay.Source, c.Relay.MetricsAddr)
+	c.Ops.print(w)
 }

@@ -6,6 +6,7 @@
 //	                         outbox and orders migration lines, or list them
 //	orders serve             run the API (and the relay unless RELAY_ENABLED=false)
 //	orders relay             run the relay alone, to scale it apart from the API
+//	orders admin …           operate the outbox: parked events, repair, resume, replay
 //	orders healthcheck       exit 0 if `orders serve` here answers /readyz (for images without curl)
 package main
 
@@ -38,6 +39,7 @@ commands:
   migrate status  list each migration line's files and whether they are applied
   serve           run the HTTP API and, unless RELAY_ENABLED=false, the outbox relay
   relay           run only the outbox relay
+  admin ...       operate the outbox through the admin API (orders admin help)
   healthcheck     probe /readyz of the API on HTTP_ADDR; exit 0 when ready
   help            show this text
 `
@@ -47,7 +49,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		fmt.Fprint(stdout, usage)
 		return fmt.Errorf("expected a command")
 	}
-	if args[0] != "migrate" && len(args) != 1 {
+	if args[0] != "migrate" && args[0] != "admin" && len(args) != 1 {
 		fmt.Fprint(stdout, usage)
 		return fmt.Errorf("%s takes no arguments", args[0])
 	}
@@ -58,6 +60,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return runServe(ctx, getenv, stdout)
 	case "relay":
 		return runRelayOnly(ctx, getenv, stdout)
+	case "admin":
+		return runAdmin(ctx, args[1:], getenv, stdout)
 	case "healthcheck":
 		return healthcheck.Run(ctx, loadHealthcheckConfig(getenv), "/readyz", stdout)
 	case "help", "-h", "--help":

@@ -118,6 +118,20 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	if err != nil {
 		return err
 	}
+	// Operations: the admin API (replays outlive their requests, so they
+	// follow opsCtx) and the retention cleanup (O4-O6).
+	opsCtx, stopOps := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopOps()
+	writer, err := outbox.NewWriter(orderEventTypes())
+	if err != nil {
+		return err
+	}
+	ops, err := newOperations(opsCtx, cfg, pool, writer, log, reg)
+	if err != nil {
+		return err
+	}
+	defer ops.close()
+	go ops.runCleanup(opsCtx)
 	srv := &http.Server{
 		Addr: cfg.HTTPAddr,
 		Handler: ordersapi.New(ordersapi.Config{
@@ -133,6 +147,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 			// The broker's state is shown, never used for readiness (O3).
 			Info:    func() map[string]string { return map[string]string{"broker": brokerState()} },
 			Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+			Admin:   ops.handler,
 		}),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       15 * time.Second,

@@ -43,3 +43,22 @@ SELECT * FROM idempotency_keys WHERE customer = @customer AND key = @key;
 -- name: IdempotencyKeyInsert :exec
 INSERT INTO idempotency_keys (customer, key, request_hash, order_id)
 VALUES (@customer, @key, @request_hash, @order_id);
+
+-- name: CleanupLock :one
+-- One cleanup run at a time across the service's processes (O6).
+SELECT pg_try_advisory_lock(@lock_key::bigint);
+
+-- name: CleanupUnlock :one
+SELECT pg_advisory_unlock(@lock_key::bigint);
+
+-- name: IdempotencyKeysCleanup :execrows
+-- Deletes one batch of idempotency keys older than the retention, oldest
+-- first. A retry that arrives later creates a new order, which is why the
+-- retention must exceed how long clients retry.
+DELETE FROM idempotency_keys
+WHERE (customer, key) IN (
+    SELECT k.customer, k.key FROM idempotency_keys k
+    WHERE k.created_at < clock_timestamp() - make_interval(secs => @retention_seconds::float8)
+    ORDER BY k.created_at, k.customer, k.key
+    LIMIT @batch_size
+);

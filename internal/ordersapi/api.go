@@ -54,6 +54,9 @@ type Config struct {
 	Info func() map[string]string
 	// Metrics serves /metrics.
 	Metrics http.Handler
+	// Admin, if set, serves the operations API under /admin, to callers
+	// with the admin role only (O4, S1).
+	Admin http.Handler
 }
 
 type api struct {
@@ -94,6 +97,9 @@ func New(cfg Config) http.Handler {
 		r.Post("/orders/{id}/pay", a.payOrder)
 		r.Post("/orders/{id}/cancel", a.cancelOrder)
 		r.Post("/orders/{id}/ship", a.shipOrder)
+		if cfg.Admin != nil {
+			r.With(requireAdmin).Mount("/admin", http.StripPrefix("/admin", cfg.Admin))
+		}
 	})
 	return r
 }

@@ -3,6 +3,8 @@ package ordersapi
 import (
 	"encoding/json"
 	"net/http"
+
+	"github.com/outboxref/orders/internal/auth"
 )
 
 // problem is an RFC 9457 problem details body. Extension members (such as
@@ -43,4 +45,15 @@ func writeProblem(w http.ResponseWriter, p problem) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(p.Status)
 	_ = json.NewEncoder(w).Encode(p)
+}
+
+// requireAdmin answers 403 to any caller without the admin role.
+func requireAdmin(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p, ok := auth.FromContext(r.Context()); !ok || p.Role != auth.RoleAdmin {
+			writeProblem(w, problem{Status: http.StatusForbidden, Detail: "the admin API needs the admin role"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

@@ -210,3 +210,30 @@ func TestBrokerState(t *testing.T) {
 	var disabled *outbox.Relay
 	require.Equal(t, "relay disabled", disabled.BrokerState())
 }
+
+// TestStatsCollectorRefreshesOnAnInterval: the backlog gauges read the
+// table once per refresh interval, whatever the number of scrapes, and the
+// age keeps growing between two reads (it is now minus the oldest pending
+// commit time read last).
+func TestStatsCollectorRefreshesOnAnInterval(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	e.insert(t, event("a", 1))
+	c := outbox.NewStatsCollector(e.db.Pool, testTypes(), testLogger())
+	c.SetRefresh(time.Hour)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	strict := map[string]string{"event_type": strictType}
+	require.Equal(t, 1.0, metricValue(t, reg, "outbox_pending_events", strict))
+	age := metricValue(t, reg, "outbox_oldest_pending_age_seconds", strict)
+
+	e.insert(t, event("b", 1))
+	require.Eventually(t, func() bool {
+		return metricValue(t, reg, "outbox_oldest_pending_age_seconds", strict) > age+0.1
+	}, 5*time.Second, 20*time.Millisecond, "the age grows between reads")
+	require.Equal(t, 1.0, metricValue(t, reg, "outbox_pending_events", strict), "scrapes within the interval share one read")
+
+	c.SetRefresh(time.Millisecond)
+	require.Eventually(t, func() bool { return metricValue(t, reg, "outbox_pending_events", strict) == 2 },
+		5*time.Second, 20*time.Millisecond, "the next read sees the new row")
+}

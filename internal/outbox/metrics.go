@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,24 +54,42 @@ func (m *relayMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.attempts, m.published, m.errors, m.lostConfirms, m.latency}
 }
 
-// StatsCollector reports the outbox backlog from the table at scrape time
-// (O1): outbox_pending_events, outbox_oldest_pending_age_seconds,
+// StatsCollector reports the outbox backlog from the table (O1):
+// outbox_pending_events, outbox_oldest_pending_age_seconds,
 // outbox_parked_events and outbox_blocked_aggregates, by event type.
 //
 // Because it reads the database rather than the relay's memory, a relay
-// that stopped or hangs shows a growing age, never a flattering zero. Every
-// process that exports it reports the same table, so aggregate with max(),
-// not sum(). It works without a running relay: a service with its relay
-// disabled can still register it.
+// that stopped or hangs shows a growing age, never a flattering zero. The
+// table is read at most once per refresh interval, whatever the number of
+// scrapes and scrapers, and the age is computed at each scrape as now minus
+// the oldest pending commit time read then: it keeps growing between
+// refreshes. Every process that exports it reports the same table, so
+// aggregate with max(), not sum(). It works without a running relay: a
+// service with its relay disabled can still register it.
 type StatsCollector struct {
 	pool        *pgxpool.Pool
 	independent []string
 	known       []string
 	log         *slog.Logger
 	timeout     time.Duration
+	every       time.Duration
+
+	mu   sync.Mutex
+	last statsSnapshot
 
 	pending, oldest, parked, blocked, up *prometheus.Desc
 }
+
+// statsSnapshot is one read of the table.
+type statsSnapshot struct {
+	at      time.Time
+	err     error
+	stats   []outboxdb.OutboxStatsRow
+	blocked []outboxdb.OutboxBlockedAggregatesRow
+}
+
+// DefaultStatsRefresh is how often StatsCollector reads the table.
+const DefaultStatsRefresh = 5 * time.Second
 
 // NewStatsCollector returns a collector over the outbox in pool. types
 // tells strict from independent (for the blocked-aggregates gauge) and
@@ -83,6 +102,7 @@ func NewStatsCollector(pool *pgxpool.Pool, types []EventType, log *slog.Logger) 
 		pool:    pool,
 		log:     log,
 		timeout: 5 * time.Second,
+		every:   DefaultStatsRefresh,
 		pending: prometheus.NewDesc("outbox_pending_events",
 			"Undelivered, unparked outbox events, by event type.", []string{"event_type"}, nil),
 		oldest: prometheus.NewDesc("outbox_oldest_pending_age_seconds",
@@ -92,7 +112,7 @@ func NewStatsCollector(pool *pgxpool.Pool, types []EventType, log *slog.Logger) 
 		blocked: prometheus.NewDesc("outbox_blocked_aggregates",
 			"Aggregates whose parked event holds back later strict events, by the parked event's type.", []string{"event_type"}, nil),
 		up: prometheus.NewDesc("outbox_stats_up",
-			"1 if the outbox backlog could be read from the database at this scrape, else 0.", nil, nil),
+			"1 if the outbox backlog could be read from the database at the last refresh, else 0.", nil, nil),
 	}
 	for _, t := range types {
 		c.known = append(c.known, t.Name)
@@ -103,6 +123,13 @@ func NewStatsCollector(pool *pgxpool.Pool, types []EventType, log *slog.Logger) 
 	return c
 }
 
+// SetRefresh changes how often the table is read (DefaultStatsRefresh).
+func (c *StatsCollector) SetRefresh(every time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.every = every
+}
+
 // Describe implements prometheus.Collector.
 func (c *StatsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.pending, c.oldest, c.parked, c.blocked, c.up} {
@@ -110,30 +137,50 @@ func (c *StatsCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect implements prometheus.Collector. A database error is logged and
-// reported as outbox_stats_up 0, without failing the whole scrape.
-func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
+// snapshot returns the last read of the table, reading it again when it is
+// older than the refresh interval. Concurrent scrapes wait for one read.
+func (c *StatsCollector) snapshot() statsSnapshot {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.last.at.IsZero() && time.Since(c.last.at) < c.every {
+		return c.last
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
 	defer cancel()
 	q := outboxdb.New(c.pool)
-	stats, err := q.OutboxStats(ctx)
-	var blocked []outboxdb.OutboxBlockedAggregatesRow
-	if err == nil {
-		blocked, err = q.OutboxBlockedAggregates(ctx, c.independent)
+	s := statsSnapshot{at: time.Now()}
+	s.stats, s.err = q.OutboxStats(ctx)
+	if s.err == nil {
+		s.blocked, s.err = q.OutboxBlockedAggregates(ctx, c.independent)
 	}
-	if err != nil {
-		c.log.WarnContext(ctx, "read outbox backlog for metrics", "error", err)
+	if s.err != nil {
+		c.log.WarnContext(ctx, "read outbox backlog for metrics", "error", s.err)
+	}
+	c.last = s
+	return s
+}
+
+// Collect implements prometheus.Collector. A database error is logged and
+// reported as outbox_stats_up 0, without failing the whole scrape.
+func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
+	s := c.snapshot()
+	if s.err != nil {
 		ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 0)
 		return
 	}
 	ch <- prometheus.MustNewConstMetric(c.up, prometheus.GaugeValue, 1)
 
+	now := time.Now()
 	seen := map[string]bool{}
-	for _, s := range stats {
-		seen[s.EventType] = true
-		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(s.Pending), s.EventType)
-		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(s.Parked), s.EventType)
-		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, max(s.OldestPendingAgeSeconds, 0), s.EventType)
+	for _, st := range s.stats {
+		seen[st.EventType] = true
+		age := 0.0
+		if st.Pending > 0 {
+			age = max(now.Sub(st.OldestPending).Seconds(), 0)
+		}
+		ch <- prometheus.MustNewConstMetric(c.pending, prometheus.GaugeValue, float64(st.Pending), st.EventType)
+		ch <- prometheus.MustNewConstMetric(c.parked, prometheus.GaugeValue, float64(st.Parked), st.EventType)
+		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, st.EventType)
 	}
 	for _, name := range c.known {
 		if !seen[name] {
@@ -143,7 +190,7 @@ func (c *StatsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	seenBlocked := map[string]bool{}
-	for _, b := range blocked {
+	for _, b := range s.blocked {
 		seenBlocked[b.EventType] = true
 		ch <- prometheus.MustNewConstMetric(c.blocked, prometheus.GaugeValue, float64(b.Blocked), b.EventType)
 	}

@@ -87,7 +87,9 @@ func TestPoison(t *testing.T) {
 		}
 	}
 	require.Equal(t, []int64{3, 1, 2, 4}, order)
-	require.Equal(t, 0.0, metricValue(t, reg, "outbox_blocked_aggregates", labels))
+	// The gauges read the table once per refresh interval.
+	require.Eventually(t, func() bool { return metricValue(t, reg, "outbox_blocked_aggregates", labels) == 0 },
+		3*outbox.DefaultStatsRefresh, 50*time.Millisecond)
 }
 
 // TestParkDeterministicFailures (R5): events that can never be sent are

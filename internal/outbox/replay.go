@@ -30,6 +30,9 @@ var (
 	ErrPlanState = errors.New("outbox replay: the plan's state does not allow this")
 	// ErrTooManyEvents means a selection is larger than a plan may be.
 	ErrTooManyEvents = errors.New("outbox replay: too many events for one plan; narrow the selection")
+	// ErrBadSelector means a plan's selection is neither event ids nor a
+	// valid time range.
+	ErrBadSelector = errors.New("outbox replay: choose event ids, or a time range with from before to")
 )
 
 // Consumer is one consumer of the events, as the service's consumer
@@ -74,11 +77,9 @@ type ReplaySelector struct {
 }
 
 func (s ReplaySelector) check() error {
-	switch {
-	case len(s.IDs) > 0 && (!s.From.IsZero() || !s.To.IsZero()):
-		return errors.New("outbox replay: choose event ids or a time range, not both")
-	case len(s.IDs) == 0 && (s.From.IsZero() || s.To.IsZero() || !s.From.Before(s.To)):
-		return errors.New("outbox replay: a time range needs from < to")
+	if (len(s.IDs) > 0) == (!s.From.IsZero() || !s.To.IsZero()) ||
+		(len(s.IDs) == 0 && (s.From.IsZero() || s.To.IsZero() || !s.From.Before(s.To))) {
+		return ErrBadSelector
 	}
 	return nil
 }

@@ -12,6 +12,29 @@ import (
 	"github.com/google/uuid"
 )
 
+const cleanupLock = `-- name: CleanupLock :one
+SELECT pg_try_advisory_lock($1::bigint)
+`
+
+// One cleanup run at a time across the service's processes (O6).
+func (q *Queries) CleanupLock(ctx context.Context, lockKey int64) (bool, error) {
+	row := q.db.QueryRow(ctx, cleanupLock, lockKey)
+	var pg_try_advisory_lock bool
+	err := row.Scan(&pg_try_advisory_lock)
+	return pg_try_advisory_lock, err
+}
+
+const cleanupUnlock = `-- name: CleanupUnlock :one
+SELECT pg_advisory_unlock($1::bigint)
+`
+
+func (q *Queries) CleanupUnlock(ctx context.Context, lockKey int64) (bool, error) {
+	row := q.db.QueryRow(ctx, cleanupUnlock, lockKey)
+	var pg_advisory_unlock bool
+	err := row.Scan(&pg_advisory_unlock)
+	return pg_advisory_unlock, err
+}
+
 const idempotencyKeyGet = `-- name: IdempotencyKeyGet :one
 SELECT customer, key, request_hash, order_id, created_at FROM idempotency_keys WHERE customer = $1 AND key = $2
 `
@@ -54,6 +77,32 @@ func (q *Queries) IdempotencyKeyInsert(ctx context.Context, arg IdempotencyKeyIn
 		arg.OrderID,
 	)
 	return err
+}
+
+const idempotencyKeysCleanup = `-- name: IdempotencyKeysCleanup :execrows
+DELETE FROM idempotency_keys
+WHERE (customer, key) IN (
+    SELECT k.customer, k.key FROM idempotency_keys k
+    WHERE k.created_at < clock_timestamp() - make_interval(secs => $1::float8)
+    ORDER BY k.created_at, k.customer, k.key
+    LIMIT $2
+)
+`
+
+type IdempotencyKeysCleanupParams struct {
+	RetentionSeconds float64
+	BatchSize        int32
+}
+
+// Deletes one batch of idempotency keys older than the retention, oldest
+// first. A retry that arrives later creates a new order, which is why the
+// retention must exceed how long clients retry.
+func (q *Queries) IdempotencyKeysCleanup(ctx context.Context, arg IdempotencyKeysCleanupParams) (int64, error) {
+	result, err := q.db.Exec(ctx, idempotencyKeysCleanup, arg.RetentionSeconds, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const orderGet = `-- name: OrderGet :one

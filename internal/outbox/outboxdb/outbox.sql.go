@@ -334,24 +334,24 @@ const outboxStats = `-- name: OutboxStats :many
 SELECT event_type,
        (count(*) FILTER (WHERE state = 'pending'))::bigint AS pending,
        (count(*) FILTER (WHERE state = 'parked'))::bigint  AS parked,
-       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::double precision
-           AS oldest_pending_age_seconds
+       -- The epoch stands for "none" when a type has only parked rows.
+       coalesce(min(created_at) FILTER (WHERE state = 'pending'), 'epoch')::timestamptz AS oldest_pending
 FROM outbox
 WHERE state <> 'delivered'
 GROUP BY event_type
 `
 
 type OutboxStatsRow struct {
-	EventType               string
-	Pending                 int64
-	Parked                  int64
-	OldestPendingAgeSeconds float64
+	EventType     string
+	Pending       int64
+	Parked        int64
+	OldestPending time.Time
 }
 
-// Backlog per event type for the metrics collector (O1), computed from the
-// table at scrape time so that a stopped relay shows a growing age rather
-// than a flattering zero. Reads only undelivered rows, through the partial
-// index outbox_undelivered_aggregate_idx.
+// Backlog per event type for the metrics collector (O1): pending and
+// parked counts and the oldest pending event's commit time, from which the
+// collector computes the age at each scrape. Reads only undelivered rows,
+// through the partial index outbox_undelivered_aggregate_idx.
 func (q *Queries) OutboxStats(ctx context.Context) ([]OutboxStatsRow, error) {
 	rows, err := q.db.Query(ctx, outboxStats)
 	if err != nil {
@@ -365,7 +365,7 @@ func (q *Queries) OutboxStats(ctx context.Context) ([]OutboxStatsRow, error) {
 			&i.EventType,
 			&i.Pending,
 			&i.Parked,
-			&i.OldestPendingAgeSeconds,
+			&i.OldestPending,
 		); err != nil {
 			return nil, err
 		}

@@ -113,15 +113,15 @@ WHERE o.event_id = r.event_id
 RETURNING o.event_id;
 
 -- name: OutboxStats :many
--- Backlog per event type for the metrics collector (O1), computed from the
--- table at scrape time so that a stopped relay shows a growing age rather
--- than a flattering zero. Reads only undelivered rows, through the partial
--- index outbox_undelivered_aggregate_idx.
+-- Backlog per event type for the metrics collector (O1): pending and
+-- parked counts and the oldest pending event's commit time, from which the
+-- collector computes the age at each scrape. Reads only undelivered rows,
+-- through the partial index outbox_undelivered_aggregate_idx.
 SELECT event_type,
        (count(*) FILTER (WHERE state = 'pending'))::bigint AS pending,
        (count(*) FILTER (WHERE state = 'parked'))::bigint  AS parked,
-       coalesce(extract(epoch FROM now() - min(created_at) FILTER (WHERE state = 'pending')), 0)::double precision
-           AS oldest_pending_age_seconds
+       -- The epoch stands for "none" when a type has only parked rows.
+       coalesce(min(created_at) FILTER (WHERE state = 'pending'), 'epoch')::timestamptz AS oldest_pending
 FROM outbox
 WHERE state <> 'delivered'
 GROUP BY event_type;

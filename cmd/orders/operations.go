@@ -1,0 +1,208 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/outboxref/orders/internal/auth"
+	"github.com/outboxref/orders/internal/envconfig"
+	"github.com/outboxref/orders/internal/orders"
+	"github.com/outboxref/orders/internal/outbox"
+)
+
+// OperationsConfig is the retention cleanup and the replay policy (O5, O6).
+type OperationsConfig struct {
+	// OutboxRetention is how long a delivered row stays replayable before
+	// the cleanup archives it (identity and broker position only).
+	OutboxRetention time.Duration // OUTBOX_RETENTION
+	// IdempotencyKeyRetention must exceed how long clients retry a create.
+	IdempotencyKeyRetention time.Duration // IDEMPOTENCY_KEY_RETENTION
+	CleanupInterval         time.Duration // CLEANUP_INTERVAL
+	CleanupBatch            int           // CLEANUP_BATCH
+	CleanupPause            time.Duration // CLEANUP_PAUSE
+	// ReplayApprovalThreshold: a replay of more events needs a second
+	// admin (a time-range replay always does).
+	ReplayApprovalThreshold int     // REPLAY_APPROVAL_THRESHOLD
+	ReplayRate              float64 // REPLAY_RATE: events per second
+	// ReplayConsumersFile is the consumer registry (YAML): who reads the
+	// events, their inbox retention, their side effects.
+	ReplayConsumersFile string // REPLAY_CONSUMERS_FILE
+}
+
+func loadOperations(r *envconfig.Reader) OperationsConfig {
+	c := OperationsConfig{
+		OutboxRetention:         r.Duration("OUTBOX_RETENTION", 7*24*time.Hour),
+		IdempotencyKeyRetention: r.Duration("IDEMPOTENCY_KEY_RETENTION", 24*time.Hour),
+		CleanupInterval:         r.Duration("CLEANUP_INTERVAL", time.Hour),
+		CleanupBatch:            r.Int("CLEANUP_BATCH", 1000, 1, 100_000),
+		CleanupPause:            r.Duration("CLEANUP_PAUSE", 100*time.Millisecond),
+		ReplayApprovalThreshold: r.Int("REPLAY_APPROVAL_THRESHOLD", 100, 0, 1_000_000),
+		ReplayRate:              float64(r.Int("REPLAY_RATE", 100, 1, 100_000)),
+		ReplayConsumersFile:     r.String("REPLAY_CONSUMERS_FILE", ""),
+	}
+	if c.OutboxRetention <= 0 || c.IdempotencyKeyRetention <= 0 || c.CleanupInterval <= 0 {
+		r.Fail("OUTBOX_RETENTION, IDEMPOTENCY_KEY_RETENTION and CLEANUP_INTERVAL must be positive")
+	}
+	if c.ReplayConsumersFile != "" {
+		if _, err := loadConsumers(c.ReplayConsumersFile); err != nil {
+			r.Fail("REPLAY_CONSUMERS_FILE: %v", err)
+		}
+	}
+	return c
+}
+
+func (c OperationsConfig) print(w io.Writer) {
+	fmt.Fprintf(w, "config: OUTBOX_RETENTION=%s IDEMPOTENCY_KEY_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d CLEANUP_PAUSE=%s REPLAY_APPROVAL_THRESHOLD=%d REPLAY_RATE=%g REPLAY_CONSUMERS_FILE=%s\n",
+		c.OutboxRetention, c.IdempotencyKeyRetention, c.CleanupInterval, c.CleanupBatch, c.CleanupPause,
+		c.ReplayApprovalThreshold, c.ReplayRate, c.ReplayConsumersFile)
+}
+
+// consumerRegistry is the file format of REPLAY_CONSUMERS_FILE.
+type consumerRegistry struct {
+	Consumers []struct {
+		Name           string            `yaml:"name"`
+		EventTypes     []string          `yaml:"event_types"`
+		InboxRetention string            `yaml:"inbox_retention"`
+		SideEffects    map[string]string `yaml:"side_effects"`
+	} `yaml:"consumers"`
+}
+
+// loadConsumers reads the consumer registry.
+func loadConsumers(path string) ([]outbox.Consumer, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read consumer registry: %w", err)
+	}
+	var reg consumerRegistry
+	if err := yaml.Unmarshal(b, &reg); err != nil {
+		return nil, fmt.Errorf("parse consumer registry %s: %w", path, err)
+	}
+	out := make([]outbox.Consumer, 0, len(reg.Consumers))
+	for _, c := range reg.Consumers {
+		ret, err := time.ParseDuration(c.InboxRetention)
+		if c.Name == "" || err != nil || ret <= 0 {
+			return nil, fmt.Errorf("consumer registry %s: each consumer needs a name and an inbox_retention such as 720h", path)
+		}
+		out = append(out, outbox.Consumer{Name: c.Name, EventTypes: c.EventTypes, InboxRetention: ret, SideEffects: c.SideEffects})
+	}
+	return out, nil
+}
+
+// operations is the orders service's part of operating the outbox: the
+// admin API over outbox.Admin, the producer replays use, and the cleanup.
+type operations struct {
+	admin   *outbox.Admin
+	keys    *orders.KeyCleanup
+	handler http.Handler
+	cfg     Config
+	log     *slog.Logger
+
+	mu       sync.Mutex
+	producer *kgo.Client // created on the first replay run
+}
+
+// newOperations builds the admin API and registers the cleanup metrics.
+// ctx bounds replay runs and the cleanup loop.
+func newOperations(ctx context.Context, cfg Config, pool *pgxpool.Pool, writer *outbox.Writer, log *slog.Logger, reg prometheus.Registerer) (*operations, error) {
+	ops := &operations{admin: outbox.NewAdmin(pool, writer), keys: orders.NewKeyCleanup(pool), cfg: cfg, log: log}
+	if err := reg.Register(ops.admin.Collector()); err != nil {
+		return nil, fmt.Errorf("register outbox cleanup metrics: %w", err)
+	}
+	if err := reg.Register(ops.keys.Collector()); err != nil {
+		return nil, fmt.Errorf("register orders cleanup metrics: %w", err)
+	}
+	policy := outbox.ReplayPolicy{ApprovalThreshold: cfg.Ops.ReplayApprovalThreshold}
+	if cfg.Ops.ReplayConsumersFile != "" {
+		consumers, err := loadConsumers(cfg.Ops.ReplayConsumersFile)
+		if err != nil {
+			return nil, err
+		}
+		policy.Consumers = consumers
+	}
+	ops.handler = ops.admin.Handler(outbox.AdminHandlerConfig{
+		Actor: func(r *http.Request) string {
+			p, _ := auth.FromContext(r.Context())
+			return p.Subject
+		},
+		Policy:     policy,
+		Target:     ops.replayTarget,
+		Background: ctx,
+		Log:        log,
+	})
+	return ops, nil
+}
+
+// replayTarget creates, once, the producer replays publish with: the
+// relay's producer guarantees, a client of its own.
+func (o *operations) replayTarget(context.Context) (outbox.ReplayTarget, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.producer == nil {
+		conn, err := o.cfg.Kafka.connection().Options()
+		if err != nil {
+			return outbox.ReplayTarget{}, err
+		}
+		cl, err := kgo.NewClient(append(conn,
+			kgo.DefaultProduceTopic(o.cfg.Kafka.Topic),
+			kgo.RequiredAcks(kgo.AllISRAcks()),
+			kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+			kgo.ProducerBatchMaxBytes(int32(o.cfg.Kafka.MaxMessageBytes)),
+		)...)
+		if err != nil {
+			return outbox.ReplayTarget{}, err
+		}
+		o.producer = cl
+	}
+	return outbox.ReplayTarget{Client: o.producer, Topic: o.cfg.Kafka.Topic, Source: o.cfg.Relay.Source, Rate: o.cfg.Ops.ReplayRate}, nil
+}
+
+// runCleanup archives delivered rows and deletes idempotency keys past
+// their retention, every CLEANUP_INTERVAL, until ctx ends. Every process
+// may run it: a run that finds another running returns at once.
+func (o *operations) runCleanup(ctx context.Context) {
+	t := time.NewTimer(time.Minute) // not at start-up, when restarts cluster
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c := o.cfg.Ops
+		if n, err := o.admin.Cleanup(ctx, outbox.Cleanup{Retention: c.OutboxRetention, BatchSize: c.CleanupBatch, Pause: c.CleanupPause}); err != nil {
+			if ctx.Err() == nil {
+				o.log.ErrorContext(ctx, "outbox cleanup failed", "error", err.Error())
+			}
+		} else if n > 0 {
+			o.log.InfoContext(ctx, "outbox cleanup: delivered rows archived", "archived", n, "retention", c.OutboxRetention.String())
+		}
+		if n, err := o.keys.Run(ctx, c.IdempotencyKeyRetention, c.CleanupBatch, c.CleanupPause); err != nil {
+			if ctx.Err() == nil {
+				o.log.ErrorContext(ctx, "idempotency key cleanup failed", "error", err.Error())
+			}
+		} else if n > 0 {
+			o.log.InfoContext(ctx, "idempotency key cleanup", "deleted", n, "retention", c.IdempotencyKeyRetention.String())
+		}
+		t.Reset(c.CleanupInterval)
+	}
+}
+
+// close releases the replay producer.
+func (o *operations) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.producer != nil {
+		o.producer.Close()
+	}
+}
