@@ -16,6 +16,9 @@ RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false -ldflags='-s -w' -o /out/ .
 # binaries. Health checks run the binaries themselves (`orders healthcheck`).
 FROM gcr.io/distroless/static-debian13 AS runtime
 COPY --from=build /out/ /usr/local/bin/
+# The consumer registry that `orders admin replay plan` reads
+# (REPLAY_CONSUMERS_FILE).
+COPY deploy/consumers.yaml /etc/outboxref/consumers.yaml
 # nobody, numerically, so that Kubernetes' runAsNonRoot can verify it.
 USER 65534:65534
 # orders serve (HTTP_ADDR), notifier serve (HTTP_ADDR), orders relay (RELAY_METRICS_ADDR).

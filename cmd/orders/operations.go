@@ -54,11 +54,8 @@ func loadOperations(r *envconfig.Reader) OperationsConfig {
 	if c.OutboxRetention <= 0 || c.IdempotencyKeyRetention <= 0 || c.CleanupInterval <= 0 {
 		r.Fail("OUTBOX_RETENTION, IDEMPOTENCY_KEY_RETENTION and CLEANUP_INTERVAL must be positive")
 	}
-	if c.ReplayConsumersFile != "" {
-		if _, err := loadConsumers(c.ReplayConsumersFile); err != nil {
-			r.Fail("REPLAY_CONSUMERS_FILE: %v", err)
-		}
-	}
+	// The registry file is read, and refused if malformed, when serve
+	// starts: a configuration check may run where the file is not.
 	return c
 }
 
@@ -126,7 +123,7 @@ func newOperations(ctx context.Context, cfg Config, pool *pgxpool.Pool, writer *
 	if cfg.Ops.ReplayConsumersFile != "" {
 		consumers, err := loadConsumers(cfg.Ops.ReplayConsumersFile)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("REPLAY_CONSUMERS_FILE: %w", err)
 		}
 		policy.Consumers = consumers
 	}

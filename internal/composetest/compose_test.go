@@ -52,6 +52,19 @@ func TestCompose(t *testing.T) {
 		}
 	})
 
+	t.Run("MountedFilesExist", func(t *testing.T) {
+		t.Parallel()
+		for name, s := range p.Services {
+			for _, v := range s.Volumes {
+				if v.Type != types.VolumeTypeBind {
+					continue
+				}
+				_, err := os.Stat(v.Source)
+				require.NoError(t, err, "service %s mounts %s, which the repository lacks", name, v.Source)
+			}
+		}
+	})
+
 	t.Run("DependenciesWaitForHealthOrCompletion", func(t *testing.T) {
 		t.Parallel()
 		for name, s := range p.Services {

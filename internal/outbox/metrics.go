@@ -50,6 +50,24 @@ func newRelayMetrics() *relayMetrics {
 	}
 }
 
+// allClasses lists every ErrorClass, for initTypes.
+var allClasses = []ErrorClass{ClassTimeout, ClassBrokerUnavailable, ClassUnknownTopic, ClassAuth, ClassBroker, ClassShutdown,
+	ClassMessageTooLarge, ClassInvalidRecord, ClassUnknownEventType, ClassUnknownSchemaVersion}
+
+// initTypes creates every series of the known event types at zero. An
+// alert on increase() of a counter only sees an increment from a series
+// that existed before it; and a dashboard shows the type from the start.
+func (m *relayMetrics) initTypes(types []EventType) {
+	for _, t := range types {
+		m.attempts.WithLabelValues(t.Name)
+		m.published.WithLabelValues(t.Name)
+		m.lostConfirms.WithLabelValues(t.Name)
+		for _, c := range allClasses {
+			m.errors.WithLabelValues(t.Name, string(c))
+		}
+	}
+}
+
 func (m *relayMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.attempts, m.published, m.errors, m.lostConfirms, m.latency}
 }

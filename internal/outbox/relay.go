@@ -189,6 +189,7 @@ func NewRelay(cfg Config) (*Relay, error) {
 		log:        log.With("component", "outbox_relay", "lease_owner", cfg.Owner),
 		nudge:      make(chan struct{}, 1),
 	}
+	r.metrics.initTypes(cfg.Types)
 	cs := append(r.metrics.collectors(), NewStatsCollector(cfg.Pool, cfg.Types, log))
 	if err := register(cfg.Registerer, cs...); err != nil {
 		return nil, fmt.Errorf("outbox relay: register metrics: %w", err)
