@@ -146,7 +146,9 @@ func (a *Admin) Parked(ctx context.Context, f ParkedFilter) ([]EventSummary, err
 // payload (admins only), delivery state, audit trail and replay history.
 type EventDetail struct {
 	EventSummary
-	State           string          `json:"state"`
+	State string `json:"state"`
+	// PublishMode is the mode the event was written in (O7): who sent it.
+	PublishMode     string          `json:"publish_mode,omitempty"`
 	Payload         json.RawMessage `json:"payload,omitempty"`
 	Traceparent     string          `json:"traceparent,omitempty"`
 	NextAttemptAt   *time.Time      `json:"next_attempt_at,omitempty"`
@@ -377,7 +379,7 @@ func detailOf(r outboxdb.Outbox) EventDetail {
 		EventSummary: EventSummary{EventID: r.EventID, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
 			AggregateVersion: r.AggregateVersion, EventType: r.EventType, SchemaVersion: int(r.SchemaVersion),
 			CreatedAt: r.CreatedAt, Attempts: int(r.Attempts), ErrorClass: deref(r.LastErrorClass), LastError: deref(r.LastError)},
-		State: r.State, Payload: r.Payload, Traceparent: deref(r.Traceparent), NextAttemptAt: &r.NextAttemptAt,
+		State: r.State, PublishMode: r.PublishMode, Payload: r.Payload, Traceparent: deref(r.Traceparent), NextAttemptAt: &r.NextAttemptAt,
 		LeaseOwner: deref(r.LeaseOwner), LeaseExpiresAt: r.LeaseExpiresAt, DeliveredAt: r.DeliveredAt,
 		BrokerPartition: r.BrokerPartition, BrokerOffset: r.BrokerOffset,
 	}

@@ -45,6 +45,9 @@ type AdminHandlerConfig struct {
 //	GET  /replays/{id}             a plan and its progress
 //	POST /replays/{id}/approve     {"reason": "…"}
 //	POST /replays/{id}/run         {"reason": "…"}: 202, runs in the background
+//	GET  /publish-modes            every event type's publish mode (O7)
+//	PUT  /publish-modes/{type}     {"mode": "direct|shadow|outbox", "reason": "…"}
+//	GET  /shadow-report            ?type=&since= (RFC 3339 or a duration; 24h by default)
 //
 // Every write requires a reason and is audited with the caller.
 func (a *Admin) Handler(cfg AdminHandlerConfig) http.Handler {
@@ -65,6 +68,9 @@ func (a *Admin) Handler(cfg AdminHandlerConfig) http.Handler {
 	mux.HandleFunc("GET /replays/{id}", h.showPlan)
 	mux.HandleFunc("POST /replays/{id}/approve", h.approve)
 	mux.HandleFunc("POST /replays/{id}/run", h.run)
+	mux.HandleFunc("GET /publish-modes", h.publishModes)
+	mux.HandleFunc("PUT /publish-modes/{type}", h.setPublishMode)
+	mux.HandleFunc("GET /shadow-report", h.shadowReport)
 	return mux
 }
 
@@ -255,6 +261,38 @@ func (h *adminHandler) run(w http.ResponseWriter, r *http.Request) {
 	writeAdminJSON(w, http.StatusAccepted, p)
 }
 
+func (h *adminHandler) publishModes(w http.ResponseWriter, r *http.Request) {
+	list, err := h.a.PublishModes(r.Context())
+	h.reply(w, r, http.StatusOK, list, err)
+}
+
+func (h *adminHandler) setPublishMode(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Mode   PublishMode `json:"mode"`
+		Reason string      `json:"reason"`
+	}
+	if !h.decode(w, r, &in) {
+		return
+	}
+	typ := r.PathValue("type")
+	before, err := h.a.SetPublishMode(r.Context(), h.actor(r, in.Reason), typ, in.Mode)
+	h.reply(w, r, http.StatusOK, map[string]any{"event_type": typ, "from": before, "to": in.Mode}, err)
+}
+
+func (h *adminHandler) shadowReport(w http.ResponseWriter, r *http.Request) {
+	since := time.Now().Add(-24 * time.Hour)
+	if s := r.URL.Query().Get("since"); s != "" {
+		t, err := parseSince(s)
+		if err != nil {
+			h.problem(w, http.StatusBadRequest, "since must be an RFC 3339 time or a duration such as 2h")
+			return
+		}
+		since = t
+	}
+	rep, err := h.a.ShadowReport(r.Context(), r.URL.Query().Get("type"), since, 0)
+	h.reply(w, r, http.StatusOK, rep, err)
+}
+
 func (h *adminHandler) id(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 	id, err := uuid.Parse(r.PathValue("id"))
 	if err != nil {
@@ -290,13 +328,13 @@ func (h *adminHandler) reply(w http.ResponseWriter, r *http.Request, status int,
 	switch {
 	case err == nil:
 		writeAdminJSON(w, status, v)
-	case errors.Is(err, ErrActorRequired), errors.Is(err, ErrNothingToChange):
+	case errors.Is(err, ErrActorRequired), errors.Is(err, ErrNothingToChange), errors.Is(err, ErrInvalidPublishMode):
 		h.problem(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, ErrNotFound):
 		h.problem(w, http.StatusNotFound, err.Error())
 	case errors.Is(err, ErrNotParked), errors.Is(err, ErrPlanState), errors.Is(err, ErrNeedsApproval), errors.Is(err, ErrSameApprover):
 		h.problem(w, http.StatusConflict, err.Error())
-	case errors.As(err, &ie), errors.Is(err, ErrTooManyEvents):
+	case errors.As(err, &ie), errors.Is(err, ErrTooManyEvents), errors.Is(err, ErrUnknownEventType):
 		h.problem(w, http.StatusUnprocessableEntity, err.Error())
 	case errors.Is(err, ErrBadSelector):
 		h.problem(w, http.StatusBadRequest, err.Error())

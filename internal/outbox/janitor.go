@@ -36,11 +36,14 @@ func newCleanupCounter() *prometheus.CounterVec {
 		Help: "Rows deleted by the retention cleanup, by table; deleted outbox rows are archived first (identity and broker position).",
 	}, []string{"table"})
 	c.WithLabelValues("outbox")
+	c.WithLabelValues("outbox_direct_log")
 	return c
 }
 
 // Cleanup moves delivered rows older than c.Retention to the archive, in
-// batches, oldest first, until none is left, and returns how many it moved.
+// batches, oldest first, until none is left, then deletes the direct
+// path's log (O7) older than c.Retention the same way, and returns how
+// many rows it removed.
 // One run at a time across all processes: the run holds a session-level
 // advisory lock on one connection from start to end, and a process that
 // finds it taken returns at once with 0. Pending and parked rows are never
@@ -88,12 +91,36 @@ func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
 			}
 		}
 		if n < int64(c.BatchSize) {
+			break
+		}
+		if err := pause(ctx, c.Pause); err != nil {
+			return total, err
+		}
+	}
+	// The direct path's log (O7) follows the same retention, by send time.
+	before := time.Now().Add(-c.Retention)
+	for {
+		n, err := q.DirectLogCleanup(ctx, outboxdb.DirectLogCleanupParams{SentBefore: before, BatchSize: int32(c.BatchSize)})
+		if err != nil {
+			return total, fmt.Errorf("outbox cleanup: delete a batch of the direct log: %w", err)
+		}
+		total += n
+		a.deleted.WithLabelValues("outbox_direct_log").Add(float64(n))
+		if n < int64(c.BatchSize) {
 			return total, nil
 		}
-		select {
-		case <-ctx.Done():
-			return total, ctx.Err()
-		case <-time.After(c.Pause):
+		if err := pause(ctx, c.Pause); err != nil {
+			return total, err
 		}
+	}
+}
+
+// pause waits d between two batches, or until ctx ends.
+func pause(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
 	}
 }

@@ -20,6 +20,7 @@ type relayMetrics struct {
 	published    *prometheus.CounterVec
 	errors       *prometheus.CounterVec
 	lostConfirms *prometheus.CounterVec
+	shadow       *prometheus.CounterVec
 	latency      *prometheus.HistogramVec
 }
 
@@ -41,6 +42,10 @@ func newRelayMetrics() *relayMetrics {
 			Name: "outbox_lost_confirms_total",
 			Help: "Acknowledged records whose confirm matched no row because the lease was lost (fenced); the successor re-sends them.",
 		}, []string{"event_type"}),
+		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_shadow_compared_total",
+			Help: "Events in shadow publish mode compared with what the direct path sent, by event type and result (match, mismatch, missing).",
+		}, []string{"event_type", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "outbox_commit_to_publish_seconds",
 			Help: "Time from the business commit (created_at) to the broker's acknowledgement, by event type.",
@@ -62,6 +67,9 @@ func (m *relayMetrics) initTypes(types []EventType) {
 		m.attempts.WithLabelValues(t.Name)
 		m.published.WithLabelValues(t.Name)
 		m.lostConfirms.WithLabelValues(t.Name)
+		for _, res := range []string{ShadowMatch, ShadowMismatch, ShadowMissing} {
+			m.shadow.WithLabelValues(t.Name, res)
+		}
 		for _, c := range allClasses {
 			m.errors.WithLabelValues(t.Name, string(c))
 		}
@@ -69,7 +77,7 @@ func (m *relayMetrics) initTypes(types []EventType) {
 }
 
 func (m *relayMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.attempts, m.published, m.errors, m.lostConfirms, m.latency}
+	return []prometheus.Collector{m.attempts, m.published, m.errors, m.lostConfirms, m.shadow, m.latency}
 }
 
 // StatsCollector reports the outbox backlog from the table (O1):

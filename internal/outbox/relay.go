@@ -308,6 +308,7 @@ type leased struct {
 	claim
 	payload     []byte
 	traceparent string
+	mode        PublishMode // the publish mode the row was written in (O7)
 }
 
 // cycle claims one batch, sends it and settles it. It returns how many rows
@@ -322,6 +323,10 @@ func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
 	if err := r.afterClaim(ctx, batch); err != nil {
 		return len(batch), err
 	}
+	n := len(batch)
+	if batch, err = r.shadow(ctx, batch); err != nil || len(batch) == 0 {
+		return n, err
+	}
 
 	// The deadline counts from before the claim, so it ends at least
 	// Lease/2 before the lease it protects (R5a).
@@ -329,7 +334,7 @@ func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
 	outcomes := r.publish(pctx, cl, batch)
 	done()
 	if err := r.afterProduce(ctx, outcomes); err != nil {
-		return len(batch), err
+		return n, err
 	}
 
 	// Settling must happen even when ctx was cancelled meanwhile: it is
@@ -338,12 +343,42 @@ func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
 	defer cancel()
 	confirmed, err := r.settle(sctx, batch[0].LeaseToken, outcomes)
 	if err != nil {
-		return len(batch), err
+		return n, err
 	}
 	if err := r.afterConfirm(ctx, confirmed); err != nil {
-		return len(batch), err
+		return n, err
 	}
-	return len(batch), nil
+	return n, nil
+}
+
+// shadow compares and settles the claimed rows written in shadow mode,
+// which the relay never sends (O7), and returns the rest, to be sent.
+// Rows written in direct mode are delivered already and never claimed.
+func (r *Relay) shadow(ctx context.Context, batch []leased) ([]leased, error) {
+	var shadows []*leased
+	rest := batch[:0:0]
+	for i := range batch {
+		if batch[i].mode == ModeShadow {
+			shadows = append(shadows, &batch[i])
+		} else {
+			rest = append(rest, batch[i])
+		}
+	}
+	if len(shadows) == 0 {
+		return batch, nil
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
+	outs, err := r.compareShadow(sctx, shadows)
+	if err == nil {
+		err = r.settleShadow(sctx, shadows[0].LeaseToken, outs)
+	}
+	if err != nil {
+		// The shadow rows stay leased and are compared again once the lease
+		// expires; the others are sent now.
+		r.log.ErrorContext(ctx, "outbox shadow comparison failed; retrying after the lease", "error", err, "events", len(shadows))
+	}
+	return rest, nil
 }
 
 // produceContext returns the context of one batch's sends: detached from

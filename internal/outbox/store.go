@@ -54,6 +54,7 @@ func (r *Relay) claim(ctx context.Context) ([]leased, error) {
 					LeaseExpiresAt:   row.LeaseExpiresAt,
 				},
 				payload: row.Payload,
+				mode:    PublishMode(row.PublishMode),
 			}
 			if row.Traceparent != nil {
 				batch[i].traceparent = *row.Traceparent

@@ -82,18 +82,25 @@ func (e *InvalidEventError) Unwrap() []error {
 //
 // A Writer is safe for concurrent use; build one at start-up and share it.
 type Writer struct {
-	types *eventTypes
+	types  *eventTypes
+	direct DirectPublisher // the legacy path, for types in direct or shadow mode (O7)
 }
 
 // NewWriter compiles the JSON Schemas of types once. It refuses what
 // NewRelay refuses (no types, a duplicate or unprintable name, a schema
 // that does not compile), so a service can build both from one list.
-func NewWriter(types []EventType) (*Writer, error) {
+// A service migrating from publishing inside its transaction passes
+// WithDirectPublisher.
+func NewWriter(types []EventType, opts ...WriterOption) (*Writer, error) {
 	et, err := compileTypes(types)
 	if err != nil {
 		return nil, fmt.Errorf("outbox writer: %w", err)
 	}
-	return &Writer{types: et}, nil
+	w := &Writer{types: et}
+	for _, o := range opts {
+		o(w)
+	}
+	return w, nil
 }
 
 // Insert writes events inside tx, the caller's business transaction, in
@@ -112,6 +119,13 @@ func NewWriter(types []EventType) (*Writer, error) {
 // constraint on (aggregate_type, aggregate_id, aggregate_version) is one
 // such error: a second writer of the same version fails, and with it its
 // whole business transaction.
+//
+// The same statement reads each event type's publish mode (O7). Events of
+// a type in direct or shadow mode are then sent by the Writer's
+// DirectPublisher, still inside tx, and logged; if that fails, or the
+// Writer has none (ErrNoDirectPublisher), Insert returns the error and the
+// caller must roll back. Types in outbox mode, the default, cost nothing
+// more than the lookup.
 func (w *Writer) Insert(ctx context.Context, tx pgx.Tx, events []Event) error {
 	if len(events) == 0 {
 		return nil
@@ -138,8 +152,14 @@ func (w *Writer) Insert(ctx context.Context, tx pgx.Tx, events []Event) error {
 		p.Payloads = append(p.Payloads, e.Payload)
 		p.Traceparents = append(p.Traceparents, e.Traceparent)
 	}
-	if err := outboxdb.New(tx).OutboxInsert(ctx, p); err != nil {
+	rows, err := outboxdb.New(tx).OutboxInsert(ctx, p)
+	if err != nil {
 		return fmt.Errorf("insert %d outbox events: %w", len(events), err)
+	}
+	for _, r := range rows {
+		if r.PublishMode != string(ModeOutbox) {
+			return w.sendDirect(ctx, tx, events, rows)
+		}
 	}
 	return nil
 }

@@ -31,6 +31,7 @@ type Outbox struct {
 	BrokerPartition  *int32
 	BrokerOffset     *int64
 	DeliveredAt      *time.Time
+	PublishMode      string
 }
 
 type OutboxArchive struct {
@@ -57,6 +58,13 @@ type OutboxAudit struct {
 	BeforeSha256 []byte
 	AfterSha256  []byte
 	Detail       []byte
+}
+
+type OutboxPublishMode struct {
+	EventType string
+	Mode      string
+	ChangedAt time.Time
+	ChangedBy string
 }
 
 type OutboxReplayItem struct {

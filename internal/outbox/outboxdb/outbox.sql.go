@@ -83,7 +83,8 @@ FROM due
 WHERE o.event_id = due.event_id
 RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
           o.event_type, o.schema_version, o.payload, o.traceparent, o.created_at,
-          o.attempts, o.next_attempt_at, o.lease_expires_at::timestamptz AS lease_expires_at
+          o.attempts, o.next_attempt_at, o.lease_expires_at::timestamptz AS lease_expires_at,
+          o.publish_mode
 `
 
 type OutboxClaimParams struct {
@@ -107,6 +108,7 @@ type OutboxClaimRow struct {
 	Attempts         int32
 	NextAttemptAt    time.Time
 	LeaseExpiresAt   time.Time
+	PublishMode      string
 }
 
 // Leases up to batch_size due events to one relay in a short transaction
@@ -156,6 +158,7 @@ func (q *Queries) OutboxClaim(ctx context.Context, arg OutboxClaimParams) ([]Out
 			&i.Attempts,
 			&i.NextAttemptAt,
 			&i.LeaseExpiresAt,
+			&i.PublishMode,
 		); err != nil {
 			return nil, err
 		}
@@ -224,14 +227,27 @@ func (q *Queries) OutboxConfirm(ctx context.Context, arg OutboxConfirmParams) ([
 	return items, nil
 }
 
-const outboxInsert = `-- name: OutboxInsert :exec
+const outboxInsert = `-- name: OutboxInsert :many
 INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version,
-                    event_type, schema_version, payload, traceparent)
-SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[]),
-       unnest($4::bigint[]), unnest($5::text[]),
-       unnest($6::integer[]), unnest($7::jsonb[]),
+                    event_type, schema_version, payload, traceparent,
+                    publish_mode, state, delivered_at)
+SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version,
+       e.event_type, e.schema_version, e.payload,
        -- '' stands for "no traceparent": pgx cannot send NULL inside text[] from []string.
-       nullif(unnest($8::text[]), '')
+       nullif(e.traceparent, ''),
+       coalesce(m.mode, 'outbox'),
+       CASE WHEN m.mode = 'direct' THEN 'delivered' ELSE 'pending' END,
+       CASE WHEN m.mode = 'direct' THEN clock_timestamp() END
+FROM (SELECT unnest($1::uuid[])          AS event_id,
+             unnest($2::text[])     AS aggregate_type,
+             unnest($3::text[])       AS aggregate_id,
+             unnest($4::bigint[]) AS aggregate_version,
+             unnest($5::text[])         AS event_type,
+             unnest($6::integer[])  AS schema_version,
+             unnest($7::jsonb[])           AS payload,
+             unnest($8::text[])        AS traceparent) e
+LEFT JOIN outbox_publish_mode m ON m.event_type = e.event_type
+RETURNING event_id, publish_mode, created_at
 `
 
 type OutboxInsertParams struct {
@@ -245,11 +261,23 @@ type OutboxInsertParams struct {
 	Traceparents      []string
 }
 
+type OutboxInsertRow struct {
+	EventID     uuid.UUID
+	PublishMode string
+	CreatedAt   time.Time
+}
+
 // Inserts all events of one command in one statement, inside the caller's
 // business transaction (W1). created_at and next_attempt_at take their
 // defaults.
-func (q *Queries) OutboxInsert(ctx context.Context, arg OutboxInsertParams) error {
-	_, err := q.db.Exec(ctx, outboxInsert,
+//
+// The statement also reads each event type's publish mode (O7) and stores
+// it in the row: the Writer's direct path acts on the mode returned here
+// and the relay on the mode stored, so exactly one of them sends. A type
+// without a row in outbox_publish_mode is in outbox mode. A direct-mode
+// row is written delivered: the direct path sends it, the relay never does.
+func (q *Queries) OutboxInsert(ctx context.Context, arg OutboxInsertParams) ([]OutboxInsertRow, error) {
+	rows, err := q.db.Query(ctx, outboxInsert,
 		arg.EventIDs,
 		arg.AggregateTypes,
 		arg.AggregateIDs,
@@ -259,7 +287,22 @@ func (q *Queries) OutboxInsert(ctx context.Context, arg OutboxInsertParams) erro
 		arg.Payloads,
 		arg.Traceparents,
 	)
-	return err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []OutboxInsertRow{}
+	for rows.Next() {
+		var i OutboxInsertRow
+		if err := rows.Scan(&i.EventID, &i.PublishMode, &i.CreatedAt); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const outboxRelease = `-- name: OutboxRelease :many

@@ -1,14 +1,33 @@
--- name: OutboxInsert :exec
+-- name: OutboxInsert :many
 -- Inserts all events of one command in one statement, inside the caller's
 -- business transaction (W1). created_at and next_attempt_at take their
 -- defaults.
+--
+-- The statement also reads each event type's publish mode (O7) and stores
+-- it in the row: the Writer's direct path acts on the mode returned here
+-- and the relay on the mode stored, so exactly one of them sends. A type
+-- without a row in outbox_publish_mode is in outbox mode. A direct-mode
+-- row is written delivered: the direct path sends it, the relay never does.
 INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version,
-                    event_type, schema_version, payload, traceparent)
-SELECT unnest(@event_ids::uuid[]), unnest(@aggregate_types::text[]), unnest(@aggregate_ids::text[]),
-       unnest(@aggregate_versions::bigint[]), unnest(@event_types::text[]),
-       unnest(@schema_versions::integer[]), unnest(@payloads::jsonb[]),
+                    event_type, schema_version, payload, traceparent,
+                    publish_mode, state, delivered_at)
+SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version,
+       e.event_type, e.schema_version, e.payload,
        -- '' stands for "no traceparent": pgx cannot send NULL inside text[] from []string.
-       nullif(unnest(@traceparents::text[]), '');
+       nullif(e.traceparent, ''),
+       coalesce(m.mode, 'outbox'),
+       CASE WHEN m.mode = 'direct' THEN 'delivered' ELSE 'pending' END,
+       CASE WHEN m.mode = 'direct' THEN clock_timestamp() END
+FROM (SELECT unnest(@event_ids::uuid[])          AS event_id,
+             unnest(@aggregate_types::text[])     AS aggregate_type,
+             unnest(@aggregate_ids::text[])       AS aggregate_id,
+             unnest(@aggregate_versions::bigint[]) AS aggregate_version,
+             unnest(@event_types::text[])         AS event_type,
+             unnest(@schema_versions::integer[])  AS schema_version,
+             unnest(@payloads::jsonb[])           AS payload,
+             unnest(@traceparents::text[])        AS traceparent) e
+LEFT JOIN outbox_publish_mode m ON m.event_type = e.event_type
+RETURNING event_id, publish_mode, created_at;
 
 -- name: OutboxClaim :many
 -- Leases up to batch_size due events to one relay in a short transaction
@@ -56,7 +75,8 @@ FROM due
 WHERE o.event_id = due.event_id
 RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
           o.event_type, o.schema_version, o.payload, o.traceparent, o.created_at,
-          o.attempts, o.next_attempt_at, o.lease_expires_at::timestamptz AS lease_expires_at;
+          o.attempts, o.next_attempt_at, o.lease_expires_at::timestamptz AS lease_expires_at,
+          o.publish_mode;
 
 -- name: OutboxConfirm :many
 -- Marks events delivered after the broker acknowledged them (R2), in one
