@@ -113,7 +113,7 @@ func TestServeBeforeMigrate(t *testing.T) {
 		status, body = readyz()
 		return status == http.StatusServiceUnavailable
 	}, 20*time.Second, 50*time.Millisecond)
-	require.Equal(t, "migration line outbox lacks 00001_outbox.sql; run `orders migrate`",
+	require.Equal(t, "migration line outbox lacks 00001_outbox.sql, 00002_tracestate.sql; run `orders migrate`",
 		strings.TrimPrefix(body["schema"], migrate.ErrBehind.Error()+": "))
 
 	var out bytes.Buffer

@@ -50,7 +50,7 @@ func TestUpCreatesDatabaseAndIsIdempotent(t *testing.T) {
 			seen[a.String()]++
 		}
 	}
-	require.Equal(t, map[string]int{"outbox/00001_outbox.sql": 1, "orders/00001_orders.sql": 1}, seen,
+	require.Equal(t, map[string]int{"outbox/00001_outbox.sql": 1, "outbox/00002_tracestate.sql": 1, "orders/00001_orders.sql": 1}, seen,
 		"each file is applied exactly once across concurrent runs")
 
 	again, err := migrate.Up(ctx, dbURL, lines...)

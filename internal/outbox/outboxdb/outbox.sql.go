@@ -82,7 +82,7 @@ SET lease_owner      = $1::text,
 FROM due
 WHERE o.event_id = due.event_id
 RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
-          o.event_type, o.schema_version, o.payload, o.traceparent, o.created_at,
+          o.event_type, o.schema_version, o.payload, o.traceparent, o.tracestate, o.created_at,
           o.attempts, o.next_attempt_at, o.lease_expires_at::timestamptz AS lease_expires_at
 `
 
@@ -103,6 +103,7 @@ type OutboxClaimRow struct {
 	SchemaVersion    int32
 	Payload          []byte
 	Traceparent      *string
+	Tracestate       *string
 	CreatedAt        time.Time
 	Attempts         int32
 	NextAttemptAt    time.Time
@@ -152,6 +153,7 @@ func (q *Queries) OutboxClaim(ctx context.Context, arg OutboxClaimParams) ([]Out
 			&i.SchemaVersion,
 			&i.Payload,
 			&i.Traceparent,
+			&i.Tracestate,
 			&i.CreatedAt,
 			&i.Attempts,
 			&i.NextAttemptAt,
@@ -226,12 +228,12 @@ func (q *Queries) OutboxConfirm(ctx context.Context, arg OutboxConfirmParams) ([
 
 const outboxInsert = `-- name: OutboxInsert :exec
 INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version,
-                    event_type, schema_version, payload, traceparent)
+                    event_type, schema_version, payload, traceparent, tracestate)
 SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[]),
        unnest($4::bigint[]), unnest($5::text[]),
        unnest($6::integer[]), unnest($7::jsonb[]),
-       -- '' stands for "no traceparent": pgx cannot send NULL inside text[] from []string.
-       nullif(unnest($8::text[]), '')
+       -- '' stands for "no trace context": pgx cannot send NULL inside text[] from []string.
+       nullif(unnest($8::text[]), ''), nullif(unnest($9::text[]), '')
 `
 
 type OutboxInsertParams struct {
@@ -243,6 +245,7 @@ type OutboxInsertParams struct {
 	SchemaVersions    []int32
 	Payloads          [][]byte
 	Traceparents      []string
+	Tracestates       []string
 }
 
 // Inserts all events of one command in one statement, inside the caller's
@@ -258,6 +261,7 @@ func (q *Queries) OutboxInsert(ctx context.Context, arg OutboxInsertParams) erro
 		arg.SchemaVersions,
 		arg.Payloads,
 		arg.Traceparents,
+		arg.Tracestates,
 	)
 	return err
 }

@@ -3,12 +3,12 @@
 -- business transaction (W1). created_at and next_attempt_at take their
 -- defaults.
 INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version,
-                    event_type, schema_version, payload, traceparent)
+                    event_type, schema_version, payload, traceparent, tracestate)
 SELECT unnest(@event_ids::uuid[]), unnest(@aggregate_types::text[]), unnest(@aggregate_ids::text[]),
        unnest(@aggregate_versions::bigint[]), unnest(@event_types::text[]),
        unnest(@schema_versions::integer[]), unnest(@payloads::jsonb[]),
-       -- '' stands for "no traceparent": pgx cannot send NULL inside text[] from []string.
-       nullif(unnest(@traceparents::text[]), '');
+       -- '' stands for "no trace context": pgx cannot send NULL inside text[] from []string.
+       nullif(unnest(@traceparents::text[]), ''), nullif(unnest(@tracestates::text[]), '');
 
 -- name: OutboxClaim :many
 -- Leases up to batch_size due events to one relay in a short transaction
@@ -55,7 +55,7 @@ SET lease_owner      = @lease_owner::text,
 FROM due
 WHERE o.event_id = due.event_id
 RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
-          o.event_type, o.schema_version, o.payload, o.traceparent, o.created_at,
+          o.event_type, o.schema_version, o.payload, o.traceparent, o.tracestate, o.created_at,
           o.attempts, o.next_attempt_at, o.lease_expires_at::timestamptz AS lease_expires_at;
 
 -- name: OutboxConfirm :many
