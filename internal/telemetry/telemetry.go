@@ -53,6 +53,7 @@ func Propagator() propagation.TextMapPropagator {
 type Tracing struct {
 	exporter string
 	service  string
+	off      string                   // why tracing is off, for the start-up log
 	provider *sdktrace.TracerProvider // nil when off
 }
 
@@ -62,7 +63,7 @@ type Tracing struct {
 // OTLP protocol it does not know, so a typo stops the service at start-up
 // instead of silently dropping every span.
 func New(ctx context.Context, getenv func(string) string, service string) (*Tracing, error) {
-	t := &Tracing{service: service}
+	t := &Tracing{service: service, off: EnvExporter + " unset or none"}
 	if name := strings.TrimSpace(getenv(EnvServiceName)); name != "" {
 		t.service = name
 	}
@@ -79,6 +80,7 @@ func New(ctx context.Context, getenv func(string) string, service string) (*Trac
 		return t, nil
 	case "otlp", "console":
 		if disabled {
+			t.off = EnvSDKDisabled + "=true"
 			return t, nil
 		}
 		t.exporter = exp
@@ -122,7 +124,7 @@ func (t *Tracing) TracerProvider() trace.TracerProvider {
 // String describes the tracing for the start-up log.
 func (t *Tracing) String() string {
 	if t.provider == nil {
-		return "off (" + EnvExporter + " unset or none)"
+		return "off (" + t.off + ")"
 	}
 	return "exporting to " + t.exporter + " as " + t.service
 }
