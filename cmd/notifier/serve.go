@@ -21,6 +21,7 @@ import (
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/notify"
+	"github.com/outboxref/orders/internal/telemetry"
 )
 
 // runServe runs the notifier until ctx ends. Shutdown order: stop the HTTP
@@ -34,7 +35,21 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		return err
 	}
 	cfg.print(stdout)
-	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	// Lines logged inside a span carry trace_id and span_id (L4).
+	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	// Tracing is off unless OTEL_TRACES_EXPORTER is set. Deferred first,
+	// the flush runs last, once every worker has ended its spans.
+	tracing, err := telemetry.Setup(ctx, getenv, "notifier", log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := tracing.Shutdown(fctx); err != nil {
+			log.Warn("tracing shutdown incomplete", "error", err.Error())
+		}
+	}()
 
 	mailer, err := cfg.Email.mailer()
 	if err != nil {

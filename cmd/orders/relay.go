@@ -73,6 +73,11 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 	}
 	cfg.print(stdout)
 	log := newLogger(stdout)
+	flushTraces, err := setupTracing(ctx, getenv, log, cfg.ShutdownTimeout)
+	if err != nil {
+		return err
+	}
+	defer flushTraces()
 
 	pool, err := openPool(ctx, cfg.DatabaseURL)
 	if err != nil {

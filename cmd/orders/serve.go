@@ -20,6 +20,7 @@ import (
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/ordersapi"
 	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/telemetry"
 )
 
 // orderEventTypes is the outbox's view of the order events.
@@ -33,8 +34,28 @@ func orderEventTypes() []outbox.EventType {
 	return types
 }
 
+// newLogger returns the service's JSON logger; lines logged inside a span
+// carry trace_id and span_id (L4).
 func newLogger(stdout io.Writer) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	return slog.New(telemetry.LogHandler(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo})))
+}
+
+// setupTracing installs tracing from the OTEL_* variables (off unless
+// OTEL_TRACES_EXPORTER is set) and returns the function that flushes it,
+// bounded by SHUTDOWN_TIMEOUT, for the caller to defer: it runs last, once
+// the API and the relay have ended their spans.
+func setupTracing(ctx context.Context, getenv func(string) string, log *slog.Logger, timeout time.Duration) (func(), error) {
+	tracing, err := telemetry.Setup(ctx, getenv, "orders", log)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+		if err := tracing.Shutdown(fctx); err != nil {
+			log.Warn("tracing shutdown incomplete", "error", err.Error())
+		}
+	}, nil
 }
 
 func openPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -74,6 +95,11 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	}
 	cfg.print(stdout)
 	log := newLogger(stdout)
+	flushTraces, err := setupTracing(ctx, getenv, log, cfg.ShutdownTimeout)
+	if err != nil {
+		return err
+	}
+	defer flushTraces()
 
 	pool, err := openPool(ctx, cfg.DatabaseURL)
 	if err != nil {

@@ -26,11 +26,12 @@ WHERE order_projection.version < EXCLUDED.version;
 -- skip_reason, skipped. A second insert for the same operation key returns
 -- no row and the caller reads the first: one row per event, ever.
 INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
-                        aggregate_version, event_time, recipient, subject, body, state, skip_reason)
+                        aggregate_version, event_time, recipient, subject, body, state, skip_reason,
+                        traceparent, tracestate)
 VALUES (@operation_key, @event_id, @message_id, @order_id, @event_type,
         @aggregate_version, @event_time, @recipient, @subject, @body,
         CASE WHEN sqlc.narg('skip_reason')::text IS NULL THEN 'pending' ELSE 'skipped' END,
-        sqlc.narg('skip_reason'))
+        sqlc.narg('skip_reason'), sqlc.narg('traceparent'), sqlc.narg('tracestate'))
 ON CONFLICT (operation_key) DO NOTHING
 RETURNING *;
 

@@ -32,5 +32,6 @@ func DecodeRecord(r *kgo.Record) (Event, error) {
 		Time:             ce.Time,
 		Payload:          ce.Data,
 		Traceparent:      ce.Traceparent,
+		Tracestate:       ce.Tracestate,
 	}, nil
 }

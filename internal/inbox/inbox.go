@@ -74,9 +74,11 @@ type Event struct {
 	// Payload is the event body, opaque to the inbox. Held events keep it
 	// so they can be applied later, after a restart.
 	Payload []byte
-	// Traceparent is the W3C trace context the event was written under, if
-	// any; it is not stored with held events.
+	// Traceparent and Tracestate are the W3C trace context the record
+	// carried, if any: the context a consumer's spans continue. They are
+	// not stored with held events.
 	Traceparent string
+	Tracestate  string
 }
 
 // LogAttrs returns the event's identifiers for structured logs (never the

@@ -110,7 +110,7 @@ func (p *Projector) Rejected(ctx context.Context, tx pgx.Tx, e inbox.Event, reas
 		// to whom.
 		orderID, _ := uuid.Parse(e.AggregateID)
 		mail = &emailIntent{EventID: e.ID, OrderID: orderID, EventType: e.Type,
-			AggregateVersion: e.AggregateVersion, EventTime: e.Time}
+			AggregateVersion: e.AggregateVersion, EventTime: e.Time, Traceparent: e.Traceparent, Tracestate: e.Tracestate}
 	}
 	if mail == nil {
 		return nil
@@ -196,7 +196,7 @@ func project(prev *notifydb.OrderProjection, orderID uuid.UUID, e inbox.Event, p
 	}
 	return next, &emailIntent{
 		EventID: e.ID, OrderID: orderID, EventType: e.Type, AggregateVersion: e.AggregateVersion, EventTime: e.Time,
-		Recipient: next.Email, Subject: subject, Body: body,
+		Recipient: next.Email, Subject: subject, Body: body, Traceparent: e.Traceparent, Tracestate: e.Tracestate,
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxref/orders/internal/failpoint"
 	"github.com/outboxref/orders/internal/inbox"
@@ -60,6 +62,9 @@ type ConsumerConfig struct {
 	StallAfter time.Duration
 	// ExtraOpts are added to the client (TLS, SASL, test tuning).
 	ExtraOpts []kgo.Opt
+	// TracerProvider receives the consume and apply spans (L4); nil means
+	// the global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // DefaultMaxBatchRecords is the default bound on the records applied in one
@@ -89,6 +94,7 @@ type Consumer struct {
 	inbox   *inbox.Inbox
 	metrics *Metrics
 	log     *slog.Logger
+	tracer  trace.Tracer
 	// onApplied is called after a transaction that applied events
 	// committed; the notifier nudges its sender there.
 	onApplied func()
@@ -172,7 +178,7 @@ func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, m *Met
 	if onApplied == nil {
 		onApplied = func() {}
 	}
-	return &Consumer{cfg: cfg, pool: pool, inbox: ib, metrics: m, log: log, onApplied: onApplied,
+	return &Consumer{cfg: cfg, pool: pool, inbox: ib, metrics: m, log: log, tracer: tracerOf(cfg.TracerProvider), onApplied: onApplied,
 		done: map[topicPartition]*kgo.Record{}, health: health{lastCommit: map[topicPartition]progress{}}}
 }
 
@@ -371,6 +377,8 @@ type batchItem struct {
 	// batch's transaction; empty for a record that went through the inbox.
 	parked string
 	stored bool // the parking stored a new row (not a redelivered one)
+	// span is the record's consume span; finish ends it.
+	span trace.Span
 }
 
 // processBatch applies recs in one local transaction and then, record by
@@ -438,25 +446,38 @@ func (c *Consumer) processBatch(ctx context.Context, recs []*kgo.Record) (done i
 // (begin, commit).
 func (c *Consumer) applyBatch(ctx context.Context, recs []*kgo.Record) (items []batchItem, failed int, err error) {
 	failed = -1
+	var spans []trace.Span
+	defer func() {
+		// Rolled back: nothing of these records was kept. Their retry,
+		// alone or in the next batch, gets spans of its own.
+		if err != nil {
+			for _, s := range spans {
+				failSpan(s, err)
+				s.End()
+			}
+		}
+	}()
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		items = items[:0]
 		for i, r := range recs {
 			e, derr := DecodeRecord(r)
+			rctx, span := c.startConsume(ctx, r, e)
+			spans = append(spans, span)
 			if parkable(derr) {
-				stored, err := inbox.ParkRecord(ctx, tx, r, derr.Error())
+				stored, err := inbox.ParkRecord(rctx, tx, r, derr.Error())
 				if err != nil {
 					failed = i
 					return err
 				}
-				items = append(items, batchItem{rec: r, event: e, parked: derr.Error(), stored: stored})
+				items = append(items, batchItem{rec: r, event: e, parked: derr.Error(), stored: stored, span: span})
 				continue
 			}
-			res, err := c.inbox.Process(ctx, tx, e)
+			res, err := c.apply(rctx, tx, e)
 			if err != nil {
 				failed = i
 				return err
 			}
-			items = append(items, batchItem{rec: r, event: e, res: res})
+			items = append(items, batchItem{rec: r, event: e, res: res, span: span})
 		}
 		failpoint.Inject(failpoint.NotifierBeforeLocalCommit)
 		return nil
@@ -529,6 +550,14 @@ func (c *Consumer) process(ctx context.Context, r *kgo.Record) error {
 // that may still roll back.
 func (c *Consumer) finish(ctx context.Context, it batchItem) error {
 	r, e, res := it.rec, it.event, it.res
+	if it.span != nil {
+		// The record's logs carry its trace ids.
+		ctx = trace.ContextWithSpan(ctx, it.span)
+		defer it.span.End()
+		if it.parked != "" {
+			it.span.SetStatus(codes.Error, "parked: "+it.parked)
+		}
+	}
 	if it.parked != "" {
 		c.reportParked(ctx, r, it.parked, it.stored)
 		return nil

@@ -53,6 +53,10 @@ type emailIntent struct {
 	// SkipReason, when set, records the email as skipped instead of
 	// pending: the event is accounted for, and nothing will be sent.
 	SkipReason string
+	// Traceparent and Tracestate are the trace context of the record that
+	// asked for the email, kept with the row so the send continues the
+	// event's trace (L4); empty when it carried none.
+	Traceparent, Tracestate string
 }
 
 // Skip reasons of the send ledger (skip_reason).
@@ -88,6 +92,7 @@ func enqueueEmail(ctx context.Context, q *notifydb.Queries, m emailIntent) (noti
 		OperationKey: OperationKey(m.EventID), EventID: m.EventID, MessageID: MessageID(m.EventID),
 		OrderID: m.OrderID, EventType: m.EventType, AggregateVersion: &m.AggregateVersion, EventTime: &m.EventTime,
 		Recipient: m.Recipient, Subject: m.Subject, Body: m.Body, SkipReason: skip,
+		Traceparent: nonEmpty(m.Traceparent), Tracestate: nonEmpty(m.Tracestate),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		row, err = q.EmailSendGet(ctx, OperationKey(m.EventID))
@@ -141,7 +146,9 @@ func shippedEmail(id uuid.UUID) (subject, body string) {
 }
 
 // buildMessage renders a ledger row as an RFC 5322 message. Every header
-// comes from the row, so a resend is byte for byte the same email.
+// comes from the row, so a resend is byte for byte the same email. That
+// includes X-Trace-Id, the trace id of the event that asked for the email
+// (L4), which leads from a message in a mailbox to its whole trace.
 func buildMessage(from string, row notifydb.EmailSend) []byte {
 	var b bytes.Buffer
 	h := func(k, v string) { fmt.Fprintf(&b, "%s: %s\r\n", k, v) }
@@ -151,6 +158,9 @@ func buildMessage(from string, row notifydb.EmailSend) []byte {
 	h("Date", row.CreatedAt.UTC().Format(time.RFC1123Z))
 	h("Message-ID", row.MessageID)
 	h("X-Event-ID", row.EventID.String())
+	if id := traceID(row.Traceparent); id != "" {
+		h("X-Trace-Id", id)
+	}
 	h("MIME-Version", "1.0")
 	h("Content-Type", "text/plain; charset=utf-8")
 	h("Content-Transfer-Encoding", "quoted-printable")

@@ -22,6 +22,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxref/orders/internal/inbox"
 )
@@ -49,6 +50,10 @@ type Config struct {
 	StatsInterval time.Duration
 	Registerer    prometheus.Registerer
 	Logger        *slog.Logger
+	// TracerProvider receives the consume, apply and send spans (L4),
+	// unless Consumer or Sender name one of their own; nil means the
+	// global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Service wires the notifier's workers: the consumer, the email sender, the
@@ -85,6 +90,12 @@ func NewService(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	m, err := NewMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Consumer.TracerProvider == nil {
+		cfg.Consumer.TracerProvider = cfg.TracerProvider
+	}
+	if cfg.Sender.TracerProvider == nil {
+		cfg.Sender.TracerProvider = cfg.TracerProvider
 	}
 	s := &Service{cfg: cfg, pool: pool, log: cfg.Logger, Metrics: m}
 	s.Projector = NewProjector(cfg.Logger)

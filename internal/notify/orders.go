@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/outboxref/orders/internal/inbox"
 )
@@ -35,12 +36,15 @@ type OrdersClient struct {
 }
 
 // NewOrdersClient returns a client for the orders API at baseURL. Every
-// request is bounded by timeout.
+// request is bounded by timeout. Each request runs in an OpenTelemetry
+// client span (global provider and propagator) and sends its traceparent,
+// so the orders API's server span for a resync joins the notifier's trace
+// (L4).
 func NewOrdersClient(baseURL, token string, timeout time.Duration) *OrdersClient {
 	return &OrdersClient{
 		baseURL: strings.TrimRight(baseURL, "/"),
 		token:   token,
-		http:    &http.Client{Timeout: timeout},
+		http:    &http.Client{Timeout: timeout, Transport: otelhttp.NewTransport(http.DefaultTransport)},
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify/notifydb"
@@ -52,6 +54,9 @@ type SenderConfig struct {
 	// MaxAge skips, rather than sends, an email whose event is older than
 	// this when it could first be sent (EMAIL_MAX_AGE). Zero means 24h.
 	MaxAge time.Duration
+	// TracerProvider receives the send spans (L4); nil means the global
+	// provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Sender is the send ledger's worker (C4): it claims one due row at a time
@@ -67,6 +72,7 @@ type Sender struct {
 	cfg     SenderConfig
 	metrics *Metrics
 	log     *slog.Logger
+	tracer  trace.Tracer
 	nudge   chan struct{}
 }
 
@@ -95,7 +101,7 @@ func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, 
 		log = slog.Default()
 	}
 	m.UnknownPolicy.WithLabelValues(string(cfg.Policy)).Set(1)
-	return &Sender{pool: pool, mailer: mailer, cfg: cfg, metrics: m, log: log, nudge: make(chan struct{}, 1)}
+	return &Sender{pool: pool, mailer: mailer, cfg: cfg, metrics: m, log: log, tracer: tracerOf(cfg.TracerProvider), nudge: make(chan struct{}, 1)}
 }
 
 // Nudge wakes the sender after new ledger rows committed, so an email does
@@ -196,6 +202,10 @@ func (s *Sender) sendNext(ctx context.Context) (bool, error) {
 }
 
 func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSend) {
+	// The span continues the trace of the event that asked for the email;
+	// every log line below carries its ids.
+	ctx, span := s.startSend(ctx, row)
+	defer span.End()
 	log := s.log.With(slog.String("event_id", row.EventID.String()), slog.String("operation_key", row.OperationKey),
 		slog.String("order_id", row.OrderID.String()), slog.String("event_type", row.EventType), slog.Int("attempt", int(row.Attempts)))
 	if row.LastErrorClass != nil && (*row.LastErrorClass == "unknown" || *row.LastErrorClass == "sending_timeout") {
@@ -261,6 +271,10 @@ func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSe
 		log.ErrorContext(ctx, "email send failed; parked for an operator", slog.String("error_class", class), slog.String("error", err.Error()))
 	}
 	s.metrics.Emails.WithLabelValues(result).Inc()
+	span.SetAttributes(attribute.String("email.result", result))
+	if err != nil {
+		failSpan(span, err)
+	}
 	s.record(ctx, log, row.OperationKey, result, want, update)
 }
 

@@ -8,6 +8,10 @@ import "github.com/google/uuid"
 // to and the events it emits, in version order) is decided in one place,
 // its decide method below; the payloads are built afterwards from the row
 // the transaction commits (W5, see events.go).
+//
+// No command carries a trace header: the context a Service method runs in
+// carries the span (the API's server span), and the outbox writer stores
+// its trace context with each event (L4).
 
 // PlaceOrder creates an order for the caller (POST /orders). It emits
 // order.placed at version 1.
@@ -17,9 +21,6 @@ type PlaceOrder struct {
 	// IdempotencyKey, when not empty, makes a retry of the same request
 	// return the order created first instead of a second one (S3).
 	IdempotencyKey string
-	// Traceparent is the request's W3C trace context, carried by the
-	// events to the broker (R7); empty when the request had none.
-	Traceparent string
 }
 
 // PayOrder moves a placed order to paid (POST /orders/{id}/pay). It emits
@@ -29,8 +30,6 @@ type PayOrder struct {
 	// ExpectedVersion is the version the client last read (If-Match).
 	// Anything else is a *VersionConflictError and changes nothing.
 	ExpectedVersion int64
-	// Traceparent is as in PlaceOrder.
-	Traceparent string
 }
 
 // CancelOrder cancels a placed or paid order (POST /orders/{id}/cancel). It
@@ -39,7 +38,6 @@ type PayOrder struct {
 type CancelOrder struct {
 	ID              uuid.UUID
 	ExpectedVersion int64
-	Traceparent     string
 }
 
 // ShipOrder moves a paid order to shipped (POST /orders/{id}/ship). Only
@@ -47,7 +45,6 @@ type CancelOrder struct {
 type ShipOrder struct {
 	ID              uuid.UUID
 	ExpectedVersion int64
-	Traceparent     string
 }
 
 // Command names, as logs (W7) and TransitionError give them.

@@ -73,7 +73,6 @@ func TestCommandEvents(t *testing.T) {
 		},
 		"Ship": {StatusPaid: {StatusShipped, []string{EventShipped}}},
 	}
-	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 	for name, decide := range decides {
 		for _, from := range []Status{StatusPlaced, StatusPaid, StatusShipped, StatusCancelled} {
@@ -96,14 +95,13 @@ func TestCommandEvents(t *testing.T) {
 					if limits {
 						atLimits(&after)
 					}
-					events, err := toEvents(emits, after, tp)
+					events, err := toEvents(emits, after)
 					require.NoError(t, err)
 					var types []string
 					for i, e := range events {
 						types = append(types, e.Type)
 						require.EqualValues(t, 4+i, e.AggregateVersion, "consecutive versions after the order's last (W4)")
 						require.Equal(t, after.ID.String(), e.AggregateID)
-						require.Equal(t, tp, e.Traceparent)
 					}
 					require.Equal(t, want.events, types)
 					require.NoError(t, w.Validate(events))
@@ -115,7 +113,7 @@ func TestCommandEvents(t *testing.T) {
 	t.Run("Place", func(t *testing.T) {
 		t.Parallel()
 		for _, o := range []Order{newOrder(), newOrder(atLimits)} {
-			events, err := toEvents(PlaceOrder{}.emits(), o, "")
+			events, err := toEvents(PlaceOrder{}.emits(), o)
 			require.NoError(t, err)
 			require.Len(t, events, 1)
 			require.Equal(t, EventPlaced, events[0].Type)
@@ -144,7 +142,7 @@ func TestOutboxRefusals(t *testing.T) {
 			tx, err := f.pool.Begin(ctx)
 			require.NoError(t, err)
 			defer tx.Rollback(ctx) //nolint:errcheck // the test never commits
-			_, err = f.svc.recordEvents(ctx, tx, placeCommand, PlaceOrder{}.emits(), tc.order, "")
+			_, err = f.svc.recordEvents(ctx, tx, placeCommand, PlaceOrder{}.emits(), tc.order)
 			require.ErrorIs(t, err, outbox.ErrInvalidEvent)
 			require.Equal(t, tc.tooLarge, errors.Is(err, ErrEventTooLarge))
 			var n int

@@ -118,7 +118,7 @@ func shippedPayload(o Order) any {
 // one version per event, so its events take the versions that lead there,
 // consecutive and in the command's order (W4): a command emitting k events
 // moves the order from v to v+k and its events are v+1..v+k.
-func toEvents(emits []emit, after Order, traceparent string) ([]outbox.Event, error) {
+func toEvents(emits []emit, after Order) ([]outbox.Event, error) {
 	first := after.Version - int64(len(emits)) + 1
 	events := make([]outbox.Event, len(emits))
 	for i, em := range emits {
@@ -133,7 +133,6 @@ func toEvents(emits []emit, after Order, traceparent string) ([]outbox.Event, er
 			Type:             em.eventType,
 			SchemaVersion:    schemaVersion,
 			Payload:          b,
-			Traceparent:      traceparent,
 		}
 	}
 	return events, nil

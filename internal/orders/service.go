@@ -104,7 +104,7 @@ func (s *Service) Place(ctx context.Context, p auth.Principal, cmd PlaceOrder) (
 			return fmt.Errorf("insert order lines: %w", err)
 		}
 		o = toOrder(row, lines)
-		if events, err = s.recordEvents(ctx, tx, placeCommand, cmd.emits(), o, cmd.Traceparent); err != nil {
+		if events, err = s.recordEvents(ctx, tx, placeCommand, cmd.emits(), o); err != nil {
 			return err
 		}
 		if key != "" {
@@ -212,30 +212,29 @@ func (s *Service) List(ctx context.Context, p auth.Principal, after *Cursor, lim
 // Pay runs PayOrder: a placed order becomes paid.
 func (s *Service) Pay(ctx context.Context, p auth.Principal, cmd PayOrder) (Order, error) {
 	return s.change(ctx, p, command{name: payCommand, id: cmd.ID, expected: cmd.ExpectedVersion,
-		traceparent: cmd.Traceparent, decide: cmd.decide})
+		decide: cmd.decide})
 }
 
 // Cancel runs CancelOrder: a placed or paid order becomes cancelled, and a
 // paid one also requests its refund, in the same transaction (W4).
 func (s *Service) Cancel(ctx context.Context, p auth.Principal, cmd CancelOrder) (Order, error) {
 	return s.change(ctx, p, command{name: cancelCommand, id: cmd.ID, expected: cmd.ExpectedVersion,
-		traceparent: cmd.Traceparent, decide: cmd.decide})
+		decide: cmd.decide})
 }
 
 // Ship runs ShipOrder: a paid order becomes shipped. Admins only.
 func (s *Service) Ship(ctx context.Context, p auth.Principal, cmd ShipOrder) (Order, error) {
 	return s.change(ctx, p, command{name: shipCommand, id: cmd.ID, expected: cmd.ExpectedVersion,
-		traceparent: cmd.Traceparent, adminOnly: true, decide: cmd.decide})
+		adminOnly: true, decide: cmd.decide})
 }
 
 // command is what every command on an existing order has in common, taken
 // from its typed command by the Service method that runs it.
 type command struct {
-	name        string // in logs (W7)
-	id          uuid.UUID
-	expected    int64 // If-Match
-	traceparent string
-	adminOnly   bool
+	name      string // in logs (W7)
+	id        uuid.UUID
+	expected  int64 // If-Match
+	adminOnly bool
 	// decide is the command's rule: from the current status, the next one
 	// and the events, in version order.
 	decide func(from Status) (Status, []emit, error)
@@ -285,7 +284,7 @@ func (s *Service) change(ctx context.Context, p auth.Principal, c command) (o Or
 			return fmt.Errorf("read order lines: %w", err)
 		}
 		o = toOrder(row, lines)
-		events, err = s.recordEvents(ctx, tx, c.name, emits, o, c.traceparent)
+		events, err = s.recordEvents(ctx, tx, c.name, emits, o)
 		return err
 	})
 	if err != nil {
@@ -297,14 +296,15 @@ func (s *Service) change(ctx context.Context, p auth.Principal, c command) (o Or
 }
 
 // recordEvents writes a command's events into the outbox inside tx, built
-// from after, the order as tx is committing it (W5).
-func (s *Service) recordEvents(ctx context.Context, tx pgx.Tx, command string, emits []emit, after Order, traceparent string) ([]outbox.Event, error) {
+// from after, the order as tx is committing it (W5). The writer stores the
+// trace context of the span in ctx with each event (L4).
+func (s *Service) recordEvents(ctx context.Context, tx pgx.Tx, command string, emits []emit, after Order) ([]outbox.Event, error) {
 	if s.afterWrite != nil {
 		if err := s.afterWrite(ctx, command); err != nil {
 			return nil, err
 		}
 	}
-	events, err := toEvents(emits, after, traceparent)
+	events, err := toEvents(emits, after)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/auth"
@@ -193,15 +195,17 @@ func TestFailureLogNamesCommandAndNeverClaimsDelivery(t *testing.T) {
 
 // TestEventPayloads checks W4 and W5: payloads equal the committed row,
 // validate against their published JSON Schema, and a paid order's
-// cancellation emits two consecutive versions in one transaction.
+// cancellation emits two consecutive versions in one transaction. The
+// trace context of the command's context is stored with its events (L4).
 func TestEventPayloads(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
 	q3, p3 := int64(1), int64(999)
-	o, _, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput(func(in *CreateInput) {
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	o, _, err := f.svc.Place(withTraceparent(t, ctx, tp), alice, PlaceOrder{Input: newInput(func(in *CreateInput) {
 		in.Items = append(in.Items, LineInput{SKU: "SKU-2", Quantity: &q3, UnitPriceCents: &p3})
-	}), Traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
+	})})
 	require.NoError(t, err)
 	require.EqualValues(t, 2*1250+999, o.TotalCents)
 	paid, err := f.svc.Pay(ctx, alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
@@ -259,11 +263,21 @@ func TestEventPayloads(t *testing.T) {
 		require.Equal(t, rows[i].EventID, again[i].EventID)
 		require.JSONEq(t, string(rows[i].Payload), string(again[i].Payload), "payloads are never re-read after commit")
 	}
-	var tp *string
-	require.NoError(t, f.pool.QueryRow(ctx, "SELECT traceparent FROM outbox WHERE event_id = $1", rows[0].EventID).Scan(&tp))
-	require.NotNil(t, tp)
-	require.NoError(t, f.pool.QueryRow(ctx, "SELECT traceparent FROM outbox WHERE event_id = $1", rows[1].EventID).Scan(&tp))
-	require.Nil(t, tp, "no traceparent when the request carried none")
+	var stored *string
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT traceparent FROM outbox WHERE event_id = $1", rows[0].EventID).Scan(&stored))
+	require.NotNil(t, stored)
+	require.Equal(t, tp, *stored, "the span context of the command's context")
+	require.NoError(t, f.pool.QueryRow(ctx, "SELECT traceparent FROM outbox WHERE event_id = $1", rows[1].EventID).Scan(&stored))
+	require.Nil(t, stored, "no traceparent when the command's context carried no span")
+}
+
+// withTraceparent returns ctx carrying the span context of a W3C
+// traceparent, as the API's server span would.
+func withTraceparent(t *testing.T, ctx context.Context, traceparent string) context.Context {
+	t.Helper()
+	ctx = propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{"traceparent": traceparent})
+	require.True(t, trace.SpanContextFromContext(ctx).IsValid())
+	return ctx
 }
 
 func normalise(p placedV1) placedV1 {

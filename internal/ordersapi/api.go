@@ -4,6 +4,12 @@
 // service's errors to RFC 9457 problems, and turns versions into ETags.
 // It never publishes anything: a successful command has written its events
 // to the outbox in the same transaction, and the relay delivers them (W2).
+//
+// Every request but the probes runs in an OpenTelemetry server span
+// (otelhttp), a child of the caller's traceparent when it sent one. The
+// commands take that span from the request context, and the outbox writer
+// stores its trace context with the events (L4): the caller's raw header
+// never reaches the outbox.
 package ordersapi
 
 import (
@@ -23,6 +29,9 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/migrate"
@@ -57,6 +66,10 @@ type Config struct {
 	// Admin, if set, serves the operations API under /admin, to callers
 	// with the admin role only (O4, S1).
 	Admin http.Handler
+	// TracerProvider receives the server spans; nil means the global
+	// provider. The caller's trace context is read with the global
+	// propagator (W3C tracecontext and baggage in both services).
+	TracerProvider trace.TracerProvider
 }
 
 type api struct {
@@ -70,7 +83,7 @@ func New(cfg Config) http.Handler {
 	}
 	a := &api{cfg}
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID, a.accessLog, a.recoverer)
+	r.Use(serverSpan(cfg.TracerProvider), nameSpan, middleware.RequestID, a.accessLog, a.recoverer)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, problem{Status: http.StatusNotFound, Detail: "no such resource"})
 	})
@@ -102,6 +115,42 @@ func New(cfg Config) http.Handler {
 		}
 	})
 	return r
+}
+
+// serverSpan runs each request in an OpenTelemetry server span (otelhttp),
+// a child of the caller's trace context when it sent one. It comes first,
+// so that every log line of the request carries the span's ids.
+func serverSpan(tp trace.TracerProvider) func(http.Handler) http.Handler {
+	opts := []otelhttp.Option{
+		// Probes and scrapes would be most of the spans and tell nothing.
+		otelhttp.WithFilter(func(r *http.Request) bool {
+			switch r.URL.Path {
+			case "/healthz", "/readyz", "/metrics":
+				return false
+			}
+			return true
+		}),
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string { return r.Method }),
+	}
+	if tp != nil {
+		opts = append(opts, otelhttp.WithTracerProvider(tp))
+	}
+	return otelhttp.NewMiddleware("orders", opts...)
+}
+
+// nameSpan names the server span after the route that served the request
+// ("POST /orders/{id}/pay"), which chi knows only once routing is done. A
+// name with the order id in it would make every request a span name of
+// its own.
+func nameSpan(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r)
+		if pattern := chi.RouteContext(r.Context()).RoutePattern(); pattern != "" {
+			span := trace.SpanFromContext(r.Context())
+			span.SetName(r.Method + " " + pattern)
+			span.SetAttributes(attribute.String("http.route", pattern))
+		}
+	})
 }
 
 func (a *api) readyz(w http.ResponseWriter, r *http.Request) {
@@ -140,7 +189,7 @@ func (a *api) createOrder(w http.ResponseWriter, r *http.Request) {
 	if !a.decode(w, r, &in) {
 		return
 	}
-	o, replayed, err := a.Service.Place(r.Context(), p, orders.PlaceOrder{Input: in, IdempotencyKey: key, Traceparent: traceparent(r)})
+	o, replayed, err := a.Service.Place(r.Context(), p, orders.PlaceOrder{Input: in, IdempotencyKey: key})
 	if err != nil {
 		a.fail(w, r, err)
 		return
@@ -212,7 +261,7 @@ func (a *api) payOrder(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	o, err := a.Service.Pay(r.Context(), p, orders.PayOrder{ID: id, ExpectedVersion: version, Traceparent: traceparent(r)})
+	o, err := a.Service.Pay(r.Context(), p, orders.PayOrder{ID: id, ExpectedVersion: version})
 	a.writeChanged(w, r, o, err)
 }
 
@@ -222,7 +271,7 @@ func (a *api) cancelOrder(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	o, err := a.Service.Cancel(r.Context(), p, orders.CancelOrder{ID: id, ExpectedVersion: version, Traceparent: traceparent(r)})
+	o, err := a.Service.Cancel(r.Context(), p, orders.CancelOrder{ID: id, ExpectedVersion: version})
 	a.writeChanged(w, r, o, err)
 }
 
@@ -232,7 +281,7 @@ func (a *api) shipOrder(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	o, err := a.Service.Ship(r.Context(), p, orders.ShipOrder{ID: id, ExpectedVersion: version, Traceparent: traceparent(r)})
+	o, err := a.Service.Ship(r.Context(), p, orders.ShipOrder{ID: id, ExpectedVersion: version})
 	a.writeChanged(w, r, o, err)
 }
 
@@ -390,17 +439,6 @@ func orderID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 		return uuid.Nil, false
 	}
 	return id, true
-}
-
-var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$`)
-
-// traceparent returns the request's W3C trace context if it is well formed;
-// it travels with the event to the broker (R7).
-func traceparent(r *http.Request) string {
-	if tp := strings.TrimSpace(r.Header.Get("traceparent")); traceparentRE.MatchString(tp) {
-		return tp
-	}
-	return ""
 }
 
 func etag(version int64) string { return `"` + strconv.FormatInt(version, 10) + `"` }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // claim is one outbox row as leased by a relay: what logs and the crash
@@ -36,6 +37,9 @@ type outcome struct {
 	// says whether the row is retried or parked.
 	Err   error
 	Class ErrorClass
+	// span is the event's produce span, nil when it was not sent; its
+	// context puts the event's trace ids in the logs about it.
+	span trace.Span
 }
 
 // hooks are called at the points where a relay process can die with

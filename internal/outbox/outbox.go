@@ -52,6 +52,13 @@
 //   - ErrorClass and its Class… values, ErrorClass.Parks: why a delivery
 //     failed, as stored in last_error_class and labelled in metrics.
 //
+// Tracing (L4): Insert stores the W3C trace context of the span in its
+// context with each row, and the relay sends each row in a produce span that
+// continues it, with a link to the span of the relay's batch; the record
+// carries the produce span's context to the consumer. Both use the
+// OpenTelemetry API only: without an SDK installed they record nothing and
+// pass the stored context through unchanged.
+//
 // Wire format: package cloudevents (the CloudEvents Kafka binding the relay
 // writes and consumers decode).
 package outbox
@@ -91,6 +98,14 @@ type Event struct {
 	// Payload is the public JSON contract, built from the values being
 	// committed in the same transaction (W5), at most MaxPayloadBytes.
 	Payload json.RawMessage
-	// Traceparent is the W3C trace context of the request, if any.
+	// Traceparent and Tracestate are the W3C trace context the event
+	// continues (L4); the relay's produce span is their child. Leave them
+	// empty, the usual case: Insert takes them from the span in its ctx
+	// (OpenTelemetry; in the order service, the API's server span), so a
+	// service does not thread trace headers through its commands. Set them
+	// only to carry a context the caller holds without OpenTelemetry, such
+	// as one read by hand from an incoming message: Insert then keeps them
+	// as they are. Tracestate needs Traceparent.
 	Traceparent string
+	Tracestate  string
 }

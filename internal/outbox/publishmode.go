@@ -261,7 +261,7 @@ func (r *Relay) compareShadow(ctx context.Context, rows []*leased) ([]shadowOutc
 		default:
 			if _, err := r.types.admit(l.EventType, l.SchemaVersion); err != nil {
 				o.result, o.detail = ShadowMismatch, "the relay would park it: "+err.Error()
-			} else if diff := digestRecord(r.record(l)).compare(entry); diff != "" {
+			} else if diff := digestRecord(r.buildRecord(l, l.traceparent, l.tracestate)).compare(entry); diff != "" {
 				o.result, o.detail = ShadowMismatch, diff
 			}
 		}

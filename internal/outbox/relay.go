@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
 )
@@ -95,6 +97,10 @@ type Config struct {
 	// Registerer receives the relay's metrics and the StatsCollector; nil
 	// registers nothing.
 	Registerer prometheus.Registerer
+	// TracerProvider receives the batch and produce spans (L4); nil means
+	// the global provider, which records nothing until an OpenTelemetry
+	// SDK is installed.
+	TracerProvider trace.TracerProvider
 }
 
 // Relay delivers outbox rows to Kafka: it leases due rows in a short
@@ -112,6 +118,7 @@ type Relay struct {
 	clientOpts []kgo.Opt
 	metrics    *relayMetrics
 	log        *slog.Logger
+	tracer     trace.Tracer
 	hooks      hooks // crash points; set only by the package's tests
 
 	nudge   chan struct{}
@@ -181,12 +188,16 @@ func NewRelay(cfg Config) (*Relay, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = otel.GetTracerProvider()
+	}
 	r := &Relay{
 		cfg:        cfg,
 		types:      types,
 		clientOpts: opts,
 		metrics:    newRelayMetrics(),
 		log:        log.With("component", "outbox_relay", "lease_owner", cfg.Owner),
+		tracer:     cfg.TracerProvider.Tracer(scopeName),
 		nudge:      make(chan struct{}, 1),
 	}
 	r.metrics.initTypes(cfg.Types)
@@ -308,6 +319,7 @@ type leased struct {
 	claim
 	payload     []byte
 	traceparent string
+	tracestate  string
 	mode        PublishMode // the publish mode the row was written in (O7)
 }
 
@@ -327,6 +339,8 @@ func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
 	if batch, err = r.shadow(ctx, batch); err != nil || len(batch) == 0 {
 		return n, err
 	}
+	ctx, span := r.startBatch(ctx, start, len(batch))
+	defer span.End()
 
 	// The deadline counts from before the claim, so it ends at least
 	// Lease/2 before the lease it protects (R5a).
@@ -417,7 +431,7 @@ func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []
 			outcomes[i].Err, outcomes[i].Class = err, class
 			continue
 		}
-		recs[i] = r.record(&batch[i])
+		recs[i], outcomes[i].span = r.record(pctx, &batch[i])
 		send = append(send, i)
 	}
 	r.produce(pctx, cl, recs, outcomes, send)
@@ -432,7 +446,7 @@ func (r *Relay) publish(pctx context.Context, cl *kgo.Client, batch []leased) []
 	if len(send) > 1 {
 		for _, i := range send {
 			if outcomes[i].Class == ClassMessageTooLarge {
-				recs[i] = r.record(&batch[i])
+				recs[i], outcomes[i].span = r.record(pctx, &batch[i])
 				r.produce(pctx, cl, recs, outcomes, []int{i})
 			}
 		}
@@ -508,6 +522,7 @@ func (r *Relay) produce(pctx context.Context, cl *kgo.Client, recs []*kgo.Record
 			}
 			answered[i] = true
 			r.setOutcome(pctx, &outcomes[i], rec, err)
+			endProduce(&outcomes[i])
 			if left--; left == 0 {
 				close(all)
 			}
@@ -524,6 +539,7 @@ func (r *Relay) produce(pctx context.Context, cl *kgo.Client, recs []*kgo.Record
 		if !answered[i] {
 			err := fmt.Errorf("no answer from the broker before the produce deadline: %w", context.Cause(pctx))
 			outcomes[i].Err, outcomes[i].Class = err, classifyProduce(pctx, err)
+			endProduce(&outcomes[i])
 		}
 	}
 }
@@ -539,8 +555,18 @@ func (r *Relay) setOutcome(pctx context.Context, o *outcome, rec *kgo.Record, er
 }
 
 // record builds the Kafka record of one row (R7): key = aggregate id,
-// value = payload JSON, CloudEvents 1.0 binary-mode headers.
-func (r *Relay) record(l *leased) *kgo.Record {
+// value = payload JSON, CloudEvents 1.0 binary-mode headers. It starts the
+// row's produce span, which the caller ends once the broker answered, and
+// the record's traceparent and tracestate are that span's context: the one
+// a consumer continues (L4).
+func (r *Relay) record(ctx context.Context, l *leased) (*kgo.Record, trace.Span) {
+	ctx, span := r.startProduce(ctx, l)
+	traceparent, tracestate := traceContext(ctx)
+	return r.buildRecord(l, traceparent, tracestate), span
+}
+
+// buildRecord is the record of one row with the given trace context.
+func (r *Relay) buildRecord(l *leased, traceparent, tracestate string) *kgo.Record {
 	return cloudevents.Record(r.cfg.Topic, cloudevents.Event{
 		ID:               l.EventID,
 		Type:             l.EventType,
@@ -550,7 +576,8 @@ func (r *Relay) record(l *leased) *kgo.Record {
 		AggregateID:      l.AggregateID,
 		AggregateVersion: l.AggregateVersion,
 		SchemaVersion:    l.SchemaVersion,
-		Traceparent:      l.traceparent,
+		Traceparent:      traceparent,
+		Tracestate:       tracestate,
 		Data:             l.payload,
 	})
 }

@@ -59,6 +59,9 @@ func (r *Relay) claim(ctx context.Context) ([]leased, error) {
 			if row.Traceparent != nil {
 				batch[i].traceparent = *row.Traceparent
 			}
+			if row.Tracestate != nil {
+				batch[i].tracestate = *row.Tracestate
+			}
 		}
 		// RETURNING does not keep the claim order; restore it so that rows
 		// reach the producer, and so each partition, in that order.
@@ -133,11 +136,11 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []outcome)
 				o := byID[id]
 				if matched[id] {
 					confirmed = append(confirmed, o.claim)
-					r.log.DebugContext(ctx, "outbox event delivered", outcomeAttrs(o)...)
+					r.log.DebugContext(o.logContext(ctx), "outbox event delivered", outcomeAttrs(o)...)
 					continue
 				}
 				r.metrics.lostConfirms.WithLabelValues(o.EventType).Inc()
-				r.log.WarnContext(ctx, "outbox confirm matched no row: the lease was lost and another relay owns the event; it will be sent again",
+				r.log.WarnContext(o.logContext(ctx), "outbox confirm matched no row: the lease was lost and another relay owns the event; it will be sent again",
 					outcomeAttrs(o)...)
 			}
 		}
@@ -175,15 +178,15 @@ func (r *Relay) logFailures(ctx context.Context, failed []*outcome, released []u
 		attrs := append(outcomeAttrs(o), "error_class", string(o.Class))
 		switch {
 		case !matched[o.EventID]:
-			r.log.InfoContext(ctx, "outbox release matched no row: the lease was lost and another relay owns the event", attrs...)
+			r.log.InfoContext(o.logContext(ctx), "outbox release matched no row: the lease was lost and another relay owns the event", attrs...)
 		case o.Class.Parks():
-			r.log.ErrorContext(ctx, "outbox event parked: it fails the same way on every attempt and waits for repair", append(attrs, "reason", o.Err.Error())...)
+			r.log.ErrorContext(o.logContext(ctx), "outbox event parked: it fails the same way on every attempt and waits for repair", append(attrs, "reason", o.Err.Error())...)
 		default:
 			byClass[o.Class]++
 			if sample == nil {
 				sample = o
 			}
-			r.log.DebugContext(ctx, "outbox event send failed; retrying after backoff", append(attrs, "error", o.Err)...)
+			r.log.DebugContext(o.logContext(ctx), "outbox event send failed; retrying after backoff", append(attrs, "error", o.Err)...)
 		}
 	}
 	if sample != nil {

@@ -44,8 +44,8 @@ type InvalidEventError struct {
 	// Validate.
 	Index int
 	// Field names the Event field at fault: "ID", "AggregateType",
-	// "AggregateID", "AggregateVersion", "Type", "SchemaVersion", "Payload"
-	// or "Traceparent".
+	// "AggregateID", "AggregateVersion", "Type", "SchemaVersion", "Payload",
+	// "Traceparent" or "Tracestate".
 	Field string
 	// Reason says what is wrong with it. It never quotes a payload value
 	// or a text that failed its checks, so the error can be logged (O2).
@@ -108,6 +108,12 @@ func NewWriter(types []EventType, opts ...WriterOption) (*Writer, error) {
 // rather than a pool is the point: events committed on their own would be
 // the dual write this package exists to prevent.
 //
+// An event without a Traceparent gets, in place, the W3C trace context of
+// the span in ctx, if there is one (L4): the row remembers the trace that
+// wrote it, and the relay continues that trace when it sends the row. A
+// tracestate too long for the record header is dropped; the trace context
+// never fails a write.
+//
 // Insert first runs Validate and, if any event is refused, returns its
 // *InvalidEventError without sending anything to the database: nothing is
 // written and tx stays usable. The caller decides what follows; a command
@@ -134,8 +140,12 @@ func (w *Writer) Insert(ctx context.Context, tx pgx.Tx, events []Event) error {
 		return err
 	}
 	p := outboxdb.OutboxInsertParams{}
+	traceparent, tracestate := traceContext(ctx)
 	for i := range events {
 		e := &events[i]
+		if e.Traceparent == "" {
+			e.Traceparent, e.Tracestate = traceparent, tracestate
+		}
 		if e.ID == uuid.Nil {
 			id, err := uuid.NewV7()
 			if err != nil {
@@ -151,6 +161,7 @@ func (w *Writer) Insert(ctx context.Context, tx pgx.Tx, events []Event) error {
 		p.SchemaVersions = append(p.SchemaVersions, int32(e.SchemaVersion)) // bounded by compileTypes
 		p.Payloads = append(p.Payloads, e.Payload)
 		p.Traceparents = append(p.Traceparents, e.Traceparent)
+		p.Tracestates = append(p.Tracestates, e.Tracestate)
 	}
 	rows, err := outboxdb.New(tx).OutboxInsert(ctx, p)
 	if err != nil {
@@ -175,7 +186,8 @@ func (w *Writer) Insert(ctx context.Context, tx pgx.Tx, events []Event) error {
 // more; a type registered with the writer and a schema version that type
 // has; a payload of at most MaxPayloadBytes that is JSON, storable as
 // jsonb, and valid against its JSON Schema; and an empty or well-formed
-// W3C traceparent. Within one call, event IDs are distinct and the events
+// W3C traceparent, with an empty tracestate or one the record header
+// carries (cloudevents.ValidTracestate). Within one call, event IDs are distinct and the events
 // of one aggregate take consecutive versions in slice order (W4).
 func (w *Writer) Validate(events []Event) error {
 	type aggregate struct{ typ, id string }
@@ -232,6 +244,13 @@ func (w *Writer) check(i int, e *Event) error {
 	}
 	if e.Traceparent != "" && !cloudevents.ValidTraceparent(e.Traceparent) {
 		return refuse(i, e, "Traceparent", "is not a W3C traceparent (version-traceid-parentid-flags in lower-case hex)", nil)
+	}
+	switch {
+	case e.Tracestate == "":
+	case e.Traceparent == "":
+		return refuse(i, e, "Tracestate", "is set without a Traceparent", nil)
+	case !cloudevents.ValidTracestate(e.Tracestate):
+		return refuse(i, e, "Tracestate", fmt.Sprintf("is not printable UTF-8 of at most %d bytes", cloudevents.MaxTracestateBytes), nil)
 	}
 	return checkPayload(i, e, schema)
 }

@@ -57,6 +57,10 @@ func TestWriterRefuses(t *testing.T) {
 		{"ControlCharacterInAggregateType", set(func(e *outbox.Event) { e.AggregateType = "te\nst" }), 0, "AggregateType", nil},
 		{"AggregateIDTooLong", set(func(e *outbox.Event) { e.AggregateID = strings.Repeat("a", 1025) }), 0, "AggregateID", nil},
 		{"MalformedTraceparent", set(func(e *outbox.Event) { e.Traceparent = "00-abc\x00" }), 0, "Traceparent", nil},
+		{"TracestateWithoutTraceparent", set(func(e *outbox.Event) { e.Tracestate = "vendor=1" }), 0, "Tracestate", nil},
+		{"TracestateTooLong", set(func(e *outbox.Event) {
+			e.Traceparent, e.Tracestate = testTraceparent, "v="+strings.Repeat("a", 511)
+		}), 0, "Tracestate", nil},
 		// Within one call (W4).
 		{"VersionGapInOneCall", func(agg string) []outbox.Event { return []outbox.Event{event(agg, 1), event(agg, 3)} }, 1, "AggregateVersion", nil},
 		{"VersionTwiceInOneCall", func(agg string) []outbox.Event { return []outbox.Event{event(agg, 1), event(agg, 1)} }, 1, "AggregateVersion", nil},

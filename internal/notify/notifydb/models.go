@@ -36,6 +36,8 @@ type EmailSend struct {
 	AggregateVersion *int64
 	EventTime        *time.Time
 	SkipReason       *string
+	Traceparent      *string
+	Tracestate       *string
 }
 
 type OrderProjection struct {

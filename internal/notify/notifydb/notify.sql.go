@@ -48,7 +48,7 @@ WHERE operation_key = (
     LIMIT 1
     FOR UPDATE SKIP LOCKED
 )
-RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason
+RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason, traceparent, tracestate
 `
 
 type EmailSendClaimOneParams struct {
@@ -97,6 +97,8 @@ func (q *Queries) EmailSendClaimOne(ctx context.Context, arg EmailSendClaimOnePa
 		&i.AggregateVersion,
 		&i.EventTime,
 		&i.SkipReason,
+		&i.Traceparent,
+		&i.Tracestate,
 	)
 	return i, err
 }
@@ -158,7 +160,7 @@ func (q *Queries) EmailSendCountByState(ctx context.Context) ([]EmailSendCountBy
 }
 
 const emailSendGet = `-- name: EmailSendGet :one
-SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason FROM email_send WHERE operation_key = $1
+SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason, traceparent, tracestate FROM email_send WHERE operation_key = $1
 `
 
 func (q *Queries) EmailSendGet(ctx context.Context, operationKey string) (EmailSend, error) {
@@ -190,19 +192,22 @@ func (q *Queries) EmailSendGet(ctx context.Context, operationKey string) (EmailS
 		&i.AggregateVersion,
 		&i.EventTime,
 		&i.SkipReason,
+		&i.Traceparent,
+		&i.Tracestate,
 	)
 	return i, err
 }
 
 const emailSendInsert = `-- name: EmailSendInsert :one
 INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
-                        aggregate_version, event_time, recipient, subject, body, state, skip_reason)
+                        aggregate_version, event_time, recipient, subject, body, state, skip_reason,
+                        traceparent, tracestate)
 VALUES ($1, $2, $3, $4, $5,
         $6, $7, $8, $9, $10,
         CASE WHEN $11::text IS NULL THEN 'pending' ELSE 'skipped' END,
-        $11)
+        $11, $12, $13)
 ON CONFLICT (operation_key) DO NOTHING
-RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason
+RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason, traceparent, tracestate
 `
 
 type EmailSendInsertParams struct {
@@ -217,6 +222,8 @@ type EmailSendInsertParams struct {
 	Subject          string
 	Body             string
 	SkipReason       *string
+	Traceparent      *string
+	Tracestate       *string
 }
 
 // The email intent, written in the event's transaction, pending or, with a
@@ -235,6 +242,8 @@ func (q *Queries) EmailSendInsert(ctx context.Context, arg EmailSendInsertParams
 		arg.Subject,
 		arg.Body,
 		arg.SkipReason,
+		arg.Traceparent,
+		arg.Tracestate,
 	)
 	var i EmailSend
 	err := row.Scan(
@@ -263,6 +272,8 @@ func (q *Queries) EmailSendInsert(ctx context.Context, arg EmailSendInsertParams
 		&i.AggregateVersion,
 		&i.EventTime,
 		&i.SkipReason,
+		&i.Traceparent,
+		&i.Tracestate,
 	)
 	return i, err
 }
@@ -289,7 +300,7 @@ func (q *Queries) EmailSendLaterExists(ctx context.Context, arg EmailSendLaterEx
 }
 
 const emailSendListByOrder = `-- name: EmailSendListByOrder :many
-SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason FROM email_send WHERE order_id = $1 ORDER BY created_at, operation_key
+SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason, traceparent, tracestate FROM email_send WHERE order_id = $1 ORDER BY created_at, operation_key
 `
 
 func (q *Queries) EmailSendListByOrder(ctx context.Context, orderID uuid.UUID) ([]EmailSend, error) {
@@ -327,6 +338,8 @@ func (q *Queries) EmailSendListByOrder(ctx context.Context, orderID uuid.UUID) (
 			&i.AggregateVersion,
 			&i.EventTime,
 			&i.SkipReason,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}
@@ -339,7 +352,7 @@ func (q *Queries) EmailSendListByOrder(ctx context.Context, orderID uuid.UUID) (
 }
 
 const emailSendListByState = `-- name: EmailSendListByState :many
-SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason FROM email_send WHERE state = $1 ORDER BY created_at, operation_key LIMIT $2
+SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason, traceparent, tracestate FROM email_send WHERE state = $1 ORDER BY created_at, operation_key LIMIT $2
 `
 
 type EmailSendListByStateParams struct {
@@ -382,6 +395,8 @@ func (q *Queries) EmailSendListByState(ctx context.Context, arg EmailSendListByS
 			&i.AggregateVersion,
 			&i.EventTime,
 			&i.SkipReason,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}

@@ -63,7 +63,9 @@ const (
 	MaxTypeBytes      = 255
 	MaxSourceBytes    = 1024
 	MaxAggregateBytes = 1024
-	maxTracestate     = 512
+	// MaxTracestateBytes bounds the tracestate header. W3C allows longer
+	// lists; a longer one is dropped, never the event.
+	MaxTracestateBytes = 512
 )
 
 // ErrInvalid marks a record that does not follow the binding. Decoding it
@@ -179,7 +181,7 @@ func Decode(r *kgo.Record) (Event, error) {
 	// and the event is processed without a parent span.
 	if tp := h[HeaderTraceparent]; ValidTraceparent(tp) {
 		e.Traceparent = tp
-		if ts := h[HeaderTracestate]; len(ts) <= maxTracestate && ValidText(ts, maxTracestate) {
+		if ts := h[HeaderTracestate]; ValidTracestate(ts) {
 			e.Tracestate = ts
 		}
 	}
@@ -194,6 +196,13 @@ var traceparentRE = regexp.MustCompile(`^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[
 // relay sends is what the consumer reads.
 func ValidTraceparent(s string) bool {
 	return traceparentRE.MatchString(s) && s[:2] != "ff"
+}
+
+// ValidTracestate reports whether s is a tracestate that Decode keeps:
+// printable UTF-8 of at most MaxTracestateBytes. The outbox writer refuses
+// any other non-empty value, as it does for the traceparent.
+func ValidTracestate(s string) bool {
+	return ValidText(s, MaxTracestateBytes)
 }
 
 // headers indexes the record's headers by lower-case key. A header that

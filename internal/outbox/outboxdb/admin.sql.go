@@ -36,7 +36,7 @@ func (q *Queries) AdminArchivedGet(ctx context.Context, eventID uuid.UUID) (Outb
 }
 
 const adminEventGet = `-- name: AdminEventGet :one
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, publish_mode FROM outbox WHERE event_id = $1
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode FROM outbox WHERE event_id = $1
 `
 
 func (q *Queries) AdminEventGet(ctx context.Context, eventID uuid.UUID) (Outbox, error) {
@@ -63,13 +63,14 @@ func (q *Queries) AdminEventGet(ctx context.Context, eventID uuid.UUID) (Outbox,
 		&i.BrokerPartition,
 		&i.BrokerOffset,
 		&i.DeliveredAt,
+		&i.Tracestate,
 		&i.PublishMode,
 	)
 	return i, err
 }
 
 const adminEventLock = `-- name: AdminEventLock :one
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, publish_mode FROM outbox WHERE event_id = $1 FOR UPDATE
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode FROM outbox WHERE event_id = $1 FOR UPDATE
 `
 
 func (q *Queries) AdminEventLock(ctx context.Context, eventID uuid.UUID) (Outbox, error) {
@@ -96,6 +97,7 @@ func (q *Queries) AdminEventLock(ctx context.Context, eventID uuid.UUID) (Outbox
 		&i.BrokerPartition,
 		&i.BrokerOffset,
 		&i.DeliveredAt,
+		&i.Tracestate,
 		&i.PublishMode,
 	)
 	return i, err
@@ -172,7 +174,7 @@ func (q *Queries) AdminParked(ctx context.Context, arg AdminParkedParams) ([]Adm
 }
 
 const adminParkedForResume = `-- name: AdminParkedForResume :many
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, publish_mode FROM outbox
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode FROM outbox
 WHERE state = 'parked'
   AND (event_id = ANY ($1::uuid[]) OR event_type = $2)
 ORDER BY event_id
@@ -214,6 +216,7 @@ func (q *Queries) AdminParkedForResume(ctx context.Context, arg AdminParkedForRe
 			&i.BrokerPartition,
 			&i.BrokerOffset,
 			&i.DeliveredAt,
+			&i.Tracestate,
 			&i.PublishMode,
 		); err != nil {
 			return nil, err
@@ -231,7 +234,7 @@ UPDATE outbox
 SET payload = $1, schema_version = $2,
     last_error_class = 'repaired', last_error = left($3::text, 1024)
 WHERE event_id = $4 AND state = 'parked'
-RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, publish_mode
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode
 `
 
 type AdminRepairParams struct {
@@ -272,6 +275,7 @@ func (q *Queries) AdminRepair(ctx context.Context, arg AdminRepairParams) (Outbo
 		&i.BrokerPartition,
 		&i.BrokerOffset,
 		&i.DeliveredAt,
+		&i.Tracestate,
 		&i.PublishMode,
 	)
 	return i, err
@@ -283,7 +287,7 @@ SET state = 'pending', next_attempt_at = clock_timestamp(),
     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
 WHERE state = 'parked'
   AND (event_id = ANY ($1::uuid[]) OR event_type = $2)
-RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, publish_mode
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode
 `
 
 type AdminResumeParams struct {
@@ -323,6 +327,7 @@ func (q *Queries) AdminResume(ctx context.Context, arg AdminResumeParams) ([]Out
 			&i.BrokerPartition,
 			&i.BrokerOffset,
 			&i.DeliveredAt,
+			&i.Tracestate,
 			&i.PublishMode,
 		); err != nil {
 			return nil, err

@@ -31,6 +31,7 @@ type Outbox struct {
 	BrokerPartition  *int32
 	BrokerOffset     *int64
 	DeliveredAt      *time.Time
+	Tracestate       *string
 	PublishMode      string
 }
 

@@ -82,7 +82,7 @@ SET lease_owner      = $1::text,
 FROM due
 WHERE o.event_id = due.event_id
 RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
-          o.event_type, o.schema_version, o.payload, o.traceparent, o.created_at,
+          o.event_type, o.schema_version, o.payload, o.traceparent, o.tracestate, o.created_at,
           o.attempts, o.next_attempt_at, o.lease_expires_at::timestamptz AS lease_expires_at,
           o.publish_mode
 `
@@ -104,6 +104,7 @@ type OutboxClaimRow struct {
 	SchemaVersion    int32
 	Payload          []byte
 	Traceparent      *string
+	Tracestate       *string
 	CreatedAt        time.Time
 	Attempts         int32
 	NextAttemptAt    time.Time
@@ -154,6 +155,7 @@ func (q *Queries) OutboxClaim(ctx context.Context, arg OutboxClaimParams) ([]Out
 			&i.SchemaVersion,
 			&i.Payload,
 			&i.Traceparent,
+			&i.Tracestate,
 			&i.CreatedAt,
 			&i.Attempts,
 			&i.NextAttemptAt,
@@ -229,12 +231,12 @@ func (q *Queries) OutboxConfirm(ctx context.Context, arg OutboxConfirmParams) ([
 
 const outboxInsert = `-- name: OutboxInsert :many
 INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version,
-                    event_type, schema_version, payload, traceparent,
+                    event_type, schema_version, payload, traceparent, tracestate,
                     publish_mode, state, delivered_at)
 SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version,
        e.event_type, e.schema_version, e.payload,
-       -- '' stands for "no traceparent": pgx cannot send NULL inside text[] from []string.
-       nullif(e.traceparent, ''),
+       -- '' stands for "no trace context": pgx cannot send NULL inside text[] from []string.
+       nullif(e.traceparent, ''), nullif(e.tracestate, ''),
        coalesce(m.mode, 'outbox'),
        CASE WHEN m.mode = 'direct' THEN 'delivered' ELSE 'pending' END,
        CASE WHEN m.mode = 'direct' THEN clock_timestamp() END
@@ -245,7 +247,8 @@ FROM (SELECT unnest($1::uuid[])          AS event_id,
              unnest($5::text[])         AS event_type,
              unnest($6::integer[])  AS schema_version,
              unnest($7::jsonb[])           AS payload,
-             unnest($8::text[])        AS traceparent) e
+             unnest($8::text[])        AS traceparent,
+             unnest($9::text[])         AS tracestate) e
 LEFT JOIN outbox_publish_mode m ON m.event_type = e.event_type
 RETURNING event_id, publish_mode, created_at
 `
@@ -259,6 +262,7 @@ type OutboxInsertParams struct {
 	SchemaVersions    []int32
 	Payloads          [][]byte
 	Traceparents      []string
+	Tracestates       []string
 }
 
 type OutboxInsertRow struct {
@@ -286,6 +290,7 @@ func (q *Queries) OutboxInsert(ctx context.Context, arg OutboxInsertParams) ([]O
 		arg.SchemaVersions,
 		arg.Payloads,
 		arg.Traceparents,
+		arg.Tracestates,
 	)
 	if err != nil {
 		return nil, err

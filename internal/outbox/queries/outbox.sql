@@ -9,12 +9,12 @@
 -- without a row in outbox_publish_mode is in outbox mode. A direct-mode
 -- row is written delivered: the direct path sends it, the relay never does.
 INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version,
-                    event_type, schema_version, payload, traceparent,
+                    event_type, schema_version, payload, traceparent, tracestate,
                     publish_mode, state, delivered_at)
 SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version,
        e.event_type, e.schema_version, e.payload,
-       -- '' stands for "no traceparent": pgx cannot send NULL inside text[] from []string.
-       nullif(e.traceparent, ''),
+       -- '' stands for "no trace context": pgx cannot send NULL inside text[] from []string.
+       nullif(e.traceparent, ''), nullif(e.tracestate, ''),
        coalesce(m.mode, 'outbox'),
        CASE WHEN m.mode = 'direct' THEN 'delivered' ELSE 'pending' END,
        CASE WHEN m.mode = 'direct' THEN clock_timestamp() END
@@ -25,7 +25,8 @@ FROM (SELECT unnest(@event_ids::uuid[])          AS event_id,
              unnest(@event_types::text[])         AS event_type,
              unnest(@schema_versions::integer[])  AS schema_version,
              unnest(@payloads::jsonb[])           AS payload,
-             unnest(@traceparents::text[])        AS traceparent) e
+             unnest(@traceparents::text[])        AS traceparent,
+             unnest(@tracestates::text[])         AS tracestate) e
 LEFT JOIN outbox_publish_mode m ON m.event_type = e.event_type
 RETURNING event_id, publish_mode, created_at;
 
@@ -74,7 +75,7 @@ SET lease_owner      = @lease_owner::text,
 FROM due
 WHERE o.event_id = due.event_id
 RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
-          o.event_type, o.schema_version, o.payload, o.traceparent, o.created_at,
+          o.event_type, o.schema_version, o.payload, o.traceparent, o.tracestate, o.created_at,
           o.attempts, o.next_attempt_at, o.lease_expires_at::timestamptz AS lease_expires_at,
           o.publish_mode;
 
