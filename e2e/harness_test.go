@@ -87,7 +87,8 @@ func newService(t *testing.T, label, bin string, env map[string]string, readyURL
 			p.stop(t)
 		}
 		if t.Failed() {
-			t.Logf("---- %s output (%d starts, %d kills) ----\n%s", label, s.starts, s.kills, tail(s.out.String(), 8000))
+			starts, kills := s.counts()
+			t.Logf("---- %s output (%d starts, %d kills) ----\n%s", label, starts, kills, tail(s.out.String(), 8000))
 		}
 	})
 	return s
@@ -297,7 +298,7 @@ func seedFrom(t *testing.T, name string) uint64 {
 		seed, err = strconv.ParseUint(s, 10, 64)
 		require.NoError(t, err, "%s", name)
 	}
-	t.Logf("%s=%d (set it to repeat this run's schedule)", name, seed)
+	t.Logf("%s=%d (set it to repeat this run's plans and fault schedule)", name, seed)
 	return seed
 }
 
@@ -796,16 +797,37 @@ func checkAggregateOrder(t *testing.T, records []record) (lateCopies int) {
 	return lateCopies
 }
 
+// waitFor checks a condition every tick until it holds, and fails the test
+// after the timeout with the state the last check described.
+// require.Eventually would format its message before the first check, so
+// it could only report the state as it was at the start.
+func waitFor(t *testing.T, timeout, tick time.Duration, what string, check func() (done bool, state string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	for {
+		done, state := check()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			require.Failf(t, "condition not met within "+timeout.String(), "%s; last seen: %s", what, state)
+		}
+		<-ticker.C
+	}
+}
+
 // waitNoPending waits until the outbox holds no pending row and
 // returns how long that took. Parked rows are left to the caller.
 func waitNoPending(t *testing.T, pool *pgxpool.Pool, timeout time.Duration) time.Duration {
 	t.Helper()
 	began := time.Now()
-	var pending int
-	require.Eventually(t, func() bool {
+	waitFor(t, timeout, 200*time.Millisecond, "every outbox row leaves pending", func() (bool, string) {
+		var pending int
 		err := pool.QueryRow(context.Background(), "SELECT count(*) FROM outbox WHERE state = 'pending'").Scan(&pending)
-		return err == nil && pending == 0
-	}, timeout, 200*time.Millisecond, "outbox rows still pending: %d", pending)
+		return err == nil && pending == 0, fmt.Sprintf("%d pending (error: %v)", pending, err)
+	})
 	return time.Since(began)
 }
 

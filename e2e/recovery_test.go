@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -99,13 +100,14 @@ func TestDisasterRecovery(t *testing.T) {
 		t.Helper()
 		waitNoPending(t, odb.Pool, time.Minute)
 		ids := eventIDs(outboxEvents(t, odb.Pool))
-		var missing, open int
-		require.Eventually(t, func() bool {
+		waitFor(t, time.Minute, 100*time.Millisecond, what+": the notifier catches up", func() (bool, string) {
+			var missing, open int
 			c := context.Background()
-			return ndb.Pool.QueryRow(c, "SELECT count(*) FROM unnest($1::uuid[]) id WHERE NOT EXISTS (SELECT 1 FROM processed_event p WHERE p.event_id = id)", ids).Scan(&missing) == nil &&
-				ndb.Pool.QueryRow(c, "SELECT count(*) FROM email_send WHERE state IN ('pending', 'sending')").Scan(&open) == nil &&
-				missing == 0 && open == 0
-		}, time.Minute, 100*time.Millisecond, "%s: %d events not processed by the notifier, %d emails not finished", what, missing, open)
+			ok := ndb.Pool.QueryRow(c, "SELECT count(*) FROM unnest($1::uuid[]) id WHERE NOT EXISTS (SELECT 1 FROM processed_event p WHERE p.event_id = id)", ids).Scan(&missing) == nil &&
+				ndb.Pool.QueryRow(c, "SELECT count(*) FROM email_send WHERE state IN ('pending', 'sending')").Scan(&open) == nil
+			return ok && missing == 0 && open == 0,
+				fmt.Sprintf("%d of %d events not in processed_event, %d emails not finished", missing, len(ids), open)
+		})
 	}
 
 	// Before the backup.
@@ -174,10 +176,10 @@ func TestDisasterRecovery(t *testing.T) {
 	d1 := create("d1")
 	caughtUp("after the restore")
 	var conflicts float64
-	require.Eventually(t, func() bool {
+	waitFor(t, time.Minute, 100*time.Millisecond, "the notifier counts two conflicts", func() (bool, string) {
 		conflicts, err = scrapeMetric(notifierMetrics, "inbox_conflicts_total")
-		return err == nil && conflicts >= 2
-	}, time.Minute, 100*time.Millisecond, "the notifier counts the conflicts")
+		return err == nil && conflicts >= 2, fmt.Sprintf("inbox_conflicts_total %v (error: %v)", conflicts, err)
+	})
 
 	// Which events the test expects where.
 	after := outboxEvents(t, odb.Pool)
@@ -248,10 +250,11 @@ func TestDisasterRecovery(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, len(conflicting), reported)
-	require.Eventually(t, func() bool {
+	// The ledger gauge is refreshed every few seconds, not on each write.
+	waitFor(t, 30*time.Second, 200*time.Millisecond, `notifier_email_ledger_rows{state="skipped"} shows the skipped emails`, func() (bool, string) {
 		skipped, err := scrapeMetric(notifierMetrics, "notifier_email_ledger_rows", `state="skipped"`)
-		return err == nil && skipped == float64(len(conflicting))
-	}, 30*time.Second, 200*time.Millisecond, `notifier_email_ledger_rows{state="skipped"} shows the skipped emails`)
+		return err == nil && skipped == float64(len(conflicting)), fmt.Sprintf("%v (error: %v)", skipped, err)
+	})
 
 	// 3. Every event reached the inbox once; the projection moved forward
 	// only, and where the orders database forgot history the notifier kept

@@ -172,15 +172,15 @@ func TestSoak(t *testing.T) {
 			emailing++
 		}
 	}
-	var processed, open, ledger int
-	require.Eventually(t, func() bool {
+	waitFor(t, 3*time.Minute, 250*time.Millisecond, "the notifier processes every event and finishes every email", func() (bool, string) {
+		var processed, open, ledger int
 		c := context.Background()
-		return ndb.Pool.QueryRow(c, "SELECT count(*) FROM processed_event").Scan(&processed) == nil &&
+		ok := ndb.Pool.QueryRow(c, "SELECT count(*) FROM processed_event").Scan(&processed) == nil &&
 			ndb.Pool.QueryRow(c, "SELECT count(*) FROM email_send").Scan(&ledger) == nil &&
-			ndb.Pool.QueryRow(c, "SELECT count(*) FROM email_send WHERE state IN ('pending', 'sending')").Scan(&open) == nil &&
-			processed >= len(events) && ledger >= emailing && open == 0
-	}, 3*time.Minute, 250*time.Millisecond,
-		"notifier: %d of %d events processed, %d of %d ledger rows, %d not finished", processed, len(events), ledger, emailing, open)
+			ndb.Pool.QueryRow(c, "SELECT count(*) FROM email_send WHERE state IN ('pending', 'sending')").Scan(&open) == nil
+		return ok && processed >= len(events) && ledger >= emailing && open == 0,
+			fmt.Sprintf("%d of %d events processed, %d of %d ledger rows, %d not finished", processed, len(events), ledger, emailing, open)
+	})
 	settleTime := time.Since(settle)
 
 	// 1. Orders: one per idempotency key, each at the end of its plan, its
@@ -376,7 +376,7 @@ func checkEmails(t *testing.T, pool *pgxpool.Pool, smtp *smtptest.Server, events
 		received[m.MessageID] = append(received[m.MessageID], m)
 	}
 	for mid, ms := range received {
-		require.Len(t, ms, 1, "Message-ID %s reached the SMTP server %d times", mid, len(ms))
+		require.Equal(t, 1, len(ms), "Message-ID %s reached the SMTP server %d times", mid, len(ms))
 	}
 	type ledgerRow struct{ state, recipient, errorClass string }
 	rows, err := pool.Query(context.Background(),
@@ -407,7 +407,7 @@ func checkEmails(t *testing.T, pool *pgxpool.Pool, smtp *smtptest.Server, events
 		delete(received, mid)
 		switch r.state {
 		case "sent":
-			require.Len(t, msgs, 1, "sent email %s of %s %s was received once", mid, e.eventType, e.aggregateID)
+			require.Equal(t, 1, len(msgs), "sent email %s of %s %s was received once", mid, e.eventType, e.aggregateID)
 			require.Equal(t, []string{o.email}, msgs[0].To, "email %s went to its order's address", mid)
 			sent++
 		case "unknown":
