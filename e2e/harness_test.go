@@ -321,9 +321,10 @@ func newOrdersClient(bases ...string) *ordersClient {
 }
 
 type reply struct {
-	status   int
-	body     map[string]any
-	replayed bool
+	status     int
+	body       map[string]any
+	replayed   bool
+	retryAfter string
 }
 
 func (c *ordersClient) do(ctx context.Context, method, path, token string, header map[string]string, body []byte) (reply, error) {
@@ -346,7 +347,7 @@ func (c *ordersClient) do(ctx context.Context, method, path, token string, heade
 		return reply{}, err
 	}
 	defer res.Body.Close()
-	r := reply{status: res.StatusCode, replayed: res.Header.Get("Idempotent-Replayed") == "true"}
+	r := reply{status: res.StatusCode, replayed: res.Header.Get("Idempotent-Replayed") == "true", retryAfter: res.Header.Get("Retry-After")}
 	if err := json.NewDecoder(res.Body).Decode(&r.body); err != nil && r.status < 500 {
 		// A process killed mid-answer cuts the body: that is a lost answer.
 		return reply{}, fmt.Errorf("read answer: %w", err)
@@ -410,11 +411,32 @@ type confirmation struct {
 // driverStats counts what the clients went through.
 type driverStats struct {
 	requests, transportErrors, serverErrors, stale, illegal, rereads, replays atomic.Int64
+	// The 5xx answers by kind: 503 unavailable with Retry-After (nothing
+	// was committed), 500 commit-unknown, and anything else, which a lost
+	// database session should never cause.
+	unavailable, commitUnknown, unexplained atomic.Int64
+	sampleUnexplained                       atomic.Pointer[string]
 }
 
 func (s *driverStats) String() string {
-	return fmt.Sprintf("%d requests, %d without an answer, %d 5xx, %d 412, %d 409, %d re-reads, %d idempotent replays",
-		s.requests.Load(), s.transportErrors.Load(), s.serverErrors.Load(), s.stale.Load(), s.illegal.Load(), s.rereads.Load(), s.replays.Load())
+	return fmt.Sprintf("%d requests, %d without an answer, %d 5xx (%d unavailable, %d commit-unknown, %d other), %d 412, %d 409, %d re-reads, %d idempotent replays",
+		s.requests.Load(), s.transportErrors.Load(), s.serverErrors.Load(), s.unavailable.Load(), s.commitUnknown.Load(), s.unexplained.Load(),
+		s.stale.Load(), s.illegal.Load(), s.rereads.Load(), s.replays.Load())
+}
+
+// countServerError sorts a 5xx answer by its problem type.
+func (s *driverStats) countServerError(r reply) {
+	s.serverErrors.Add(1)
+	switch typ, _ := r.body["type"].(string); {
+	case r.status == http.StatusServiceUnavailable && typ == "urn:outboxref:problem:unavailable" && r.retryAfter != "":
+		s.unavailable.Add(1)
+	case r.status == http.StatusInternalServerError && typ == "urn:outboxref:problem:commit-unknown":
+		s.commitUnknown.Add(1)
+	default:
+		s.unexplained.Add(1)
+		sample := fmt.Sprintf("%d %v (Retry-After %q)", r.status, r.body, r.retryAfter)
+		s.sampleUnexplained.Store(&sample)
+	}
 }
 
 // driver takes orders through their plans against an API that may be
@@ -617,7 +639,9 @@ func (d *driver) doubt(ctx context.Context, r reply, err error) error {
 	switch {
 	case err != nil:
 		d.stats.transportErrors.Add(1)
-	case r.status >= 500 || r.status == http.StatusTooManyRequests:
+	case r.status >= 500:
+		d.stats.countServerError(r)
+	case r.status == http.StatusTooManyRequests:
 		d.stats.serverErrors.Add(1)
 	default:
 		return fmt.Errorf("unexpected answer %d: %v", r.status, r.body)

@@ -32,6 +32,11 @@ const adminUsage = `usage: orders admin <command> [flags]   (ADMIN_API_URL, ADMI
   replay show PLAN_ID                        a plan and its progress
   replay approve PLAN_ID --reason R          a second admin's approval
   replay run PLAN_ID --reason R [--wait]     publish the plan's events again, same event_id
+  publish-mode                               every event type's publish mode
+  publish-mode TYPE direct|shadow|outbox --reason R
+                                             switch which path sends TYPE's events (migration
+                                             from publishing inside the transaction)
+  shadow-report [--type T] [--since D]       what shadow mode found: matches, mismatches, missing
 `
 
 // adminConfig is how `orders admin` reaches the API.
@@ -175,9 +180,51 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 		})
 	case "replay":
 		return c.replay(ctx, a)
+	case "publish-mode":
+		return c.publishMode(ctx, a)
+	case "shadow-report":
+		q := url.Values{}
+		for _, f := range []string{"type", "since"} {
+			if v := a.flags[f]; v != "" {
+				q.Set(f, v)
+			}
+		}
+		var rep struct {
+			Since  string           `json:"since"`
+			Counts []map[string]any `json:"counts"`
+			Diffs  []map[string]any `json:"diffs"`
+		}
+		return c.do(ctx, "GET", "/admin/shadow-report?"+q.Encode(), nil, &rep, func() {
+			fmt.Fprintf(c.out, "shadow comparisons of events sent since %s\n", rep.Since)
+			c.table([]string{"EVENT_TYPE", "RESULT", "COUNT"}, rep.Counts, "event_type", "result", "count")
+			if len(rep.Diffs) > 0 {
+				fmt.Fprintln(c.out, "\nlatest differences:")
+				c.table([]string{"EVENT_ID", "EVENT_TYPE", "SENT_AT", "RESULT", "DETAIL"}, rep.Diffs,
+					"event_id", "event_type", "sent_at", "result", "detail")
+			}
+		})
 	default:
 		fmt.Fprint(stdout, adminUsage)
 		return fmt.Errorf("unknown admin command %q", args[0])
+	}
+}
+
+// publishMode lists the modes, or switches one type's mode.
+func (c *adminClient) publishMode(ctx context.Context, a cliArgs) error {
+	switch len(a.pos) {
+	case 0:
+		var list []map[string]any
+		return c.do(ctx, "GET", "/admin/publish-modes", nil, &list, func() {
+			c.table([]string{"EVENT_TYPE", "MODE", "CHANGED_AT", "CHANGED_BY"}, list, "event_type", "mode", "changed_at", "changed_by")
+		})
+	case 2:
+		var res map[string]any
+		body := map[string]any{"mode": a.pos[1], "reason": a.flags["reason"]}
+		return c.do(ctx, "PUT", "/admin/publish-modes/"+url.PathEscape(a.pos[0]), body, &res, func() {
+			fmt.Fprintf(c.out, "%s: publish mode %v -> %v\n", a.pos[0], res["from"], res["to"])
+		})
+	default:
+		return errors.New("usage: orders admin publish-mode [TYPE direct|shadow|outbox --reason R]")
 	}
 }
 

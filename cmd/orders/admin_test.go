@@ -140,6 +140,35 @@ func TestAdminCLI(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 2, strings.Count(out, "published"), "both replays are in the event's history:\n%s", out)
 
+	// The publish-mode migration (O7): order.placed goes to shadow mode, an
+	// order is placed, the direct path sends its event from the request,
+	// the relay compares and finds the same record.
+	out, err = admin("ops-token", "publish-mode")
+	require.NoError(t, err)
+	require.Regexp(t, `order.placed\s+outbox`, out)
+	_, err = admin("ops-token", "publish-mode", "order.placed", "shadow")
+	require.ErrorContains(t, err, "400", "a reason is required")
+	_, err = admin("ops-token", "publish-mode", "order.nope", "shadow", "--reason", "x")
+	require.ErrorContains(t, err, "422")
+	out, err = admin("ops-token", "publish-mode", "order.placed", "shadow", "--reason", "migration step 2")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "order.placed: publish mode outbox -> shadow")
+	req, err := http.NewRequest(http.MethodPost, base+"/orders", strings.NewReader(
+		`{"email": "alice@example.com", "currency": "EUR", "items": [{"sku": "BOOK-1", "quantity": 1, "unit_price_cents": 100}]}`))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer alice-token")
+	res, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	res.Body.Close()
+	require.Equal(t, http.StatusCreated, res.StatusCode)
+	require.Eventually(t, func() bool {
+		out, err = admin("ops-token", "shadow-report", "--type", "order.placed")
+		return err == nil && regexp.MustCompile(`order.placed\s+match\s+1`).MatchString(out)
+	}, 20*time.Second, 100*time.Millisecond, "the relay compared the shadow event")
+	out, err = admin("ops-token", "publish-mode", "order.placed", "outbox", "--reason", "cut over")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "shadow -> outbox")
+
 	cancel()
 	select {
 	case err := <-done:

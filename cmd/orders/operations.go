@@ -19,6 +19,7 @@ import (
 	"github.com/outboxref/orders/internal/envconfig"
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/outbox/cloudevents"
 )
 
 // OperationsConfig is the retention cleanup and the replay policy (O5, O6).
@@ -140,15 +141,53 @@ func newOperations(ctx context.Context, cfg Config, pool *pgxpool.Pool, writer *
 	return ops, nil
 }
 
-// replayTarget creates, once, the producer replays publish with: the
-// relay's producer guarantees, a client of its own.
+// replayTarget is where replays publish: the topic, through producer.
 func (o *operations) replayTarget(context.Context) (outbox.ReplayTarget, error) {
+	cl, err := o.client()
+	if err != nil {
+		return outbox.ReplayTarget{}, err
+	}
+	return outbox.ReplayTarget{Client: cl, Topic: o.cfg.Kafka.Topic, Source: o.cfg.Relay.Source, Rate: o.cfg.Ops.ReplayRate}, nil
+}
+
+// directSendTimeout bounds one send of the direct path, which a request
+// waits for with its transaction open.
+const directSendTimeout = 5 * time.Second
+
+// directPublish is the legacy path of the publish-mode migration (O7):
+// it sends an event from inside the command's open transaction and waits
+// for the broker, which is the dual write the outbox removes. It runs only
+// for event types an operator switched to direct or shadow mode, to let a
+// deployment that used to publish this way move to the outbox type by
+// type. It builds the record as the relay does, so shadow mode should
+// find no difference; a service with its own legacy encoder puts it here.
+func (o *operations) directPublish(ctx context.Context, e outbox.Event, createdAt time.Time) (*kgo.Record, error) {
+	cl, err := o.client()
+	if err != nil {
+		return nil, err
+	}
+	rec := cloudevents.Record(o.cfg.Kafka.Topic, cloudevents.Event{
+		ID: e.ID, Type: e.Type, Source: o.cfg.Relay.Source, Time: createdAt,
+		AggregateType: e.AggregateType, AggregateID: e.AggregateID, AggregateVersion: e.AggregateVersion,
+		SchemaVersion: e.SchemaVersion, Traceparent: e.Traceparent, Tracestate: e.Tracestate, Data: e.Payload,
+	})
+	ctx, cancel := context.WithTimeout(ctx, directSendTimeout)
+	defer cancel()
+	if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
+// client creates, once, the producer that replays and the direct path
+// share: the relay's producer guarantees, a client of its own.
+func (o *operations) client() (*kgo.Client, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.producer == nil {
 		conn, err := o.cfg.Kafka.connection().Options()
 		if err != nil {
-			return outbox.ReplayTarget{}, err
+			return nil, err
 		}
 		cl, err := kgo.NewClient(append(conn,
 			kgo.DefaultProduceTopic(o.cfg.Kafka.Topic),
@@ -157,11 +196,11 @@ func (o *operations) replayTarget(context.Context) (outbox.ReplayTarget, error) 
 			kgo.ProducerBatchMaxBytes(int32(o.cfg.Kafka.MaxMessageBytes)),
 		)...)
 		if err != nil {
-			return outbox.ReplayTarget{}, err
+			return nil, err
 		}
 		o.producer = cl
 	}
-	return outbox.ReplayTarget{Client: o.producer, Topic: o.cfg.Kafka.Topic, Source: o.cfg.Relay.Source, Rate: o.cfg.Ops.ReplayRate}, nil
+	return o.producer, nil
 }
 
 // runCleanup archives delivered rows and deletes idempotency keys past

@@ -140,10 +140,6 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		log.Info("relay disabled (RELAY_ENABLED=false); run `orders relay` elsewhere to deliver events")
 	}
 
-	svc, err := orders.NewService(pool, orders.WithLogger(log), orders.WithNudge(nudge))
-	if err != nil {
-		return err
-	}
 	// Operations: the admin API (replays outlive their requests, so they
 	// follow opsCtx) and the retention cleanup (O4-O6).
 	opsCtx, stopOps := context.WithCancel(context.WithoutCancel(ctx))
@@ -158,6 +154,10 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	}
 	defer ops.close()
 	go ops.runCleanup(opsCtx)
+	svc, err := orders.NewService(pool, orders.WithLogger(log), orders.WithNudge(nudge), orders.WithDirectPublisher(ops.directPublish))
+	if err != nil {
+		return err
+	}
 	srv := &http.Server{
 		Addr: cfg.HTTPAddr,
 		Handler: ordersapi.New(ordersapi.Config{

@@ -75,6 +75,12 @@ var (
 	// ErrCommitUnknown: the connection failed during COMMIT, so whether the
 	// command took effect is unknown. A client may re-read the order.
 	ErrCommitUnknown = errors.New("commit outcome unknown")
+	// ErrUnavailable: the database connection failed, or the database
+	// refused the work for a passing reason (shut down, too many
+	// connections, a deadlock), before the commit was sent; or, for an
+	// event type in direct publish mode, the broker did not take the
+	// event. Nothing was committed and the command can be retried as is.
+	ErrUnavailable = errors.New("temporarily unavailable; nothing was committed")
 	// ErrEventTooLarge: an event of the command would exceed the outbox's
 	// payload limit (W6). Nothing was written; the request must carry less.
 	ErrEventTooLarge = errors.New("order event too large for the outbox")

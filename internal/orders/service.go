@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/puddle/v2"
 
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/orders/ordersdb"
@@ -24,9 +28,10 @@ type Service struct {
 	log    *slog.Logger
 	now    func() time.Time
 	nudge  func()
+	direct outbox.DirectPublisher // the legacy path, for types in direct or shadow publish mode (O7)
 	// afterWrite runs inside the transaction after the business write and
 	// before the outbox insert. Tests use it to inject a failure there (V1).
-	afterWrite func(ctx context.Context, command string) error
+	afterWrite func(ctx context.Context, tx pgx.Tx, command string) error
 }
 
 // Option configures a Service.
@@ -39,6 +44,14 @@ func WithLogger(l *slog.Logger) Option { return func(s *Service) { s.log = l } }
 // to wake the in-process relay (R8). It must not block.
 func WithNudge(f func()) Option { return func(s *Service) { s.nudge = f } }
 
+// WithDirectPublisher gives the service the publish-inside-the-transaction
+// path that event types switched to direct or shadow publish mode use
+// while a deployment migrates to the outbox (O7). Without it, commands
+// emitting such types fail with outbox.ErrNoDirectPublisher.
+func WithDirectPublisher(p outbox.DirectPublisher) Option {
+	return func(s *Service) { s.direct = p }
+}
+
 // WithClock sets the time source (default time.Now).
 func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = now } }
 
@@ -50,13 +63,16 @@ func NewService(pool *pgxpool.Pool, opts ...Option) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("order event types: %w", err)
 	}
-	w, err := outbox.NewWriter(types)
-	if err != nil {
-		return nil, fmt.Errorf("order events: %w", err)
-	}
-	s := &Service{pool: pool, writer: w, log: slog.Default(), now: time.Now, nudge: func() {}}
+	s := &Service{pool: pool, log: slog.Default(), now: time.Now, nudge: func() {}}
 	for _, o := range opts {
 		o(s)
+	}
+	var wopts []outbox.WriterOption
+	if s.direct != nil {
+		wopts = append(wopts, outbox.WithDirectPublisher(s.direct))
+	}
+	if s.writer, err = outbox.NewWriter(types, wopts...); err != nil {
+		return nil, fmt.Errorf("order events: %w", err)
 	}
 	return s, nil
 }
@@ -140,13 +156,13 @@ func (s *Service) replay(ctx context.Context, p auth.Principal, key string, fp [
 		return Order{}, false, nil
 	}
 	if err != nil {
-		return Order{}, false, fmt.Errorf("look up idempotency key: %w", err)
+		return Order{}, false, markUnavailable(ctx, fmt.Errorf("look up idempotency key: %w", err))
 	}
 	if string(k.RequestHash) != string(fp) {
 		return Order{}, true, ErrIdempotencyKeyReused
 	}
 	o, err := s.load(ctx, q, k.OrderID)
-	return o, true, err
+	return o, true, markUnavailable(ctx, err)
 }
 
 // Get returns one order if the caller may see it. Customers see only their
@@ -154,7 +170,7 @@ func (s *Service) replay(ctx context.Context, p auth.Principal, key string, fp [
 func (s *Service) Get(ctx context.Context, p auth.Principal, id uuid.UUID) (Order, error) {
 	o, err := s.load(ctx, ordersdb.New(s.pool), id)
 	if err != nil {
-		return Order{}, err
+		return Order{}, markUnavailable(ctx, err)
 	}
 	if !canSee(p, o.Customer) {
 		return Order{}, ErrNotFound
@@ -182,7 +198,7 @@ func (s *Service) List(ctx context.Context, p auth.Principal, after *Cursor, lim
 	}
 	rows, err := q.OrderListByCustomer(ctx, arg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("list orders: %w", err)
+		return nil, nil, markUnavailable(ctx, fmt.Errorf("list orders: %w", err))
 	}
 	var next *Cursor
 	if len(rows) > limit {
@@ -196,7 +212,7 @@ func (s *Service) List(ctx context.Context, p auth.Principal, after *Cursor, lim
 	}
 	lines, err := q.OrderLinesListByOrders(ctx, ids)
 	if err != nil {
-		return nil, nil, fmt.Errorf("list order lines: %w", err)
+		return nil, nil, markUnavailable(ctx, fmt.Errorf("list order lines: %w", err))
 	}
 	byOrder := map[uuid.UUID][]ordersdb.OrderLine{}
 	for _, l := range lines {
@@ -300,7 +316,7 @@ func (s *Service) change(ctx context.Context, p auth.Principal, c command) (o Or
 // trace context of the span in ctx with each event (L4).
 func (s *Service) recordEvents(ctx context.Context, tx pgx.Tx, command string, emits []emit, after Order) ([]outbox.Event, error) {
 	if s.afterWrite != nil {
-		if err := s.afterWrite(ctx, command); err != nil {
+		if err := s.afterWrite(ctx, tx, command); err != nil {
 			return nil, err
 		}
 	}
@@ -336,6 +352,9 @@ func (s *Service) committed(ctx context.Context, command string, events []outbox
 // nothing reached the outbox, so nothing will ever be sent for it.
 func (s *Service) logFailure(ctx context.Context, command string, id uuid.UUID, err error) {
 	level, msg := slog.LevelError, "order command failed; transaction rolled back, no event recorded"
+	if errors.Is(err, ErrUnavailable) {
+		level, msg = slog.LevelWarn, "order command failed before commit (database or broker unavailable); rolled back, the client may retry"
+	}
 	if errors.Is(err, ErrCommitUnknown) {
 		// The connection failed during COMMIT: the database may or may not
 		// have committed. If it did, the events are in the outbox and will
@@ -358,7 +377,7 @@ func (s *Service) logFailure(ctx context.Context, command string, id uuid.UUID, 
 func (s *Service) inTx(ctx context.Context, fn func(tx pgx.Tx, q *ordersdb.Queries) error) (err error) {
 	tx, err := s.pool.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return markUnavailable(ctx, fmt.Errorf("begin: %w", err))
 	}
 	defer func() {
 		if err != nil {
@@ -366,7 +385,7 @@ func (s *Service) inTx(ctx context.Context, fn func(tx pgx.Tx, q *ordersdb.Queri
 		}
 	}()
 	if err = fn(tx, ordersdb.New(tx)); err != nil {
-		return err
+		return markUnavailable(ctx, err)
 	}
 	// The commit does not follow the request's cancellation: a client
 	// hanging up must not turn a finished command into an unknown outcome.
@@ -376,6 +395,41 @@ func (s *Service) inTx(ctx context.Context, fn func(tx pgx.Tx, q *ordersdb.Queri
 		return fmt.Errorf("%w: %w", ErrCommitUnknown, err)
 	}
 	return nil
+}
+
+// beforeCommit marks a failure before COMMIT as ErrUnavailable when it is
+// the database's or the broker's passing trouble rather than the
+// command's: the transaction cannot have committed, so the caller may
+// simply retry. A cancelled request stays as it is.
+func markUnavailable(ctx context.Context, err error) error {
+	if ctx.Err() != nil || !unavailable(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// unavailable says whether err is a lost or refused database connection,
+// a transient database condition, or a failed direct publish (O7).
+func unavailable(err error) bool {
+	if errors.Is(err, outbox.ErrDirectPublish) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), // connection exception
+			strings.HasPrefix(pgErr.Code, "53"),          // insufficient resources, e.g. too many connections
+			strings.HasPrefix(pgErr.Code, "57P"),         // operator intervention: terminated, shutting down
+			pgErr.Code == "40001", pgErr.Code == "40P01": // serialization failure, deadlock
+			return true
+		}
+		return false
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.As(err, &ce) || errors.As(err, &ne) || pgconn.SafeToRetry(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, puddle.ErrClosedPool)
 }
 
 // commitTimeout bounds a COMMIT that no longer follows the request context.

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"github.com/stretchr/testify/require"
@@ -110,7 +111,7 @@ func TestAtomicity(t *testing.T) {
 	t.Run("CreateFailsAfterBusinessWrite", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t)
-		f.svc.afterWrite = func(context.Context, string) error { return errInjected }
+		f.svc.afterWrite = func(context.Context, pgx.Tx, string) error { return errInjected }
 		_, _, err := f.svc.Place(context.Background(), alice, PlaceOrder{Input: newInput()})
 		require.ErrorIs(t, err, errInjected)
 		require.Zero(t, f.count(t, "orders"), "the order row must roll back with the failed outbox write")
@@ -123,7 +124,7 @@ func TestAtomicity(t *testing.T) {
 		f := setup(t)
 		o, _, err := f.svc.Place(context.Background(), alice, PlaceOrder{Input: newInput()})
 		require.NoError(t, err)
-		f.svc.afterWrite = func(context.Context, string) error { return errInjected }
+		f.svc.afterWrite = func(context.Context, pgx.Tx, string) error { return errInjected }
 		_, err = f.svc.Pay(context.Background(), alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
 		require.ErrorIs(t, err, errInjected)
 		got, err := f.svc.Get(context.Background(), alice, o.ID)
@@ -164,13 +165,40 @@ func TestAtomicity(t *testing.T) {
 	})
 }
 
+// TestConnectionLostBeforeCommit: a command whose database session dies
+// before COMMIT (here terminated by the server, as a failover or an
+// operator would) fails with ErrUnavailable, which the API answers 503
+// with Retry-After, not with the commit-unknown problem: nothing was
+// committed and the client may simply retry. The retry then succeeds.
+func TestConnectionLostBeforeCommit(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	ctx := context.Background()
+	f.svc.afterWrite = func(ctx context.Context, tx pgx.Tx, _ string) error {
+		_, err := f.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", tx.Conn().PgConn().PID())
+		return err
+	}
+	_, _, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput(), IdempotencyKey: "k-1"})
+	require.ErrorIs(t, err, ErrUnavailable)
+	require.NotErrorIs(t, err, ErrCommitUnknown)
+	require.Zero(t, f.count(t, "orders"))
+	require.Zero(t, f.count(t, "outbox"))
+
+	f.svc.afterWrite = nil
+	o, replayed, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput(), IdempotencyKey: "k-1"})
+	require.NoError(t, err, "the same request retried")
+	require.False(t, replayed, "nothing of the first attempt was committed")
+	require.Len(t, f.outbox(t, o.ID.String()), 1)
+	require.Contains(t, f.logs.String(), "failed before commit")
+}
+
 // TestFailureLogNamesCommandAndNeverClaimsDelivery covers W7.
 func TestFailureLogNamesCommandAndNeverClaimsDelivery(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	o, _, err := f.svc.Place(context.Background(), alice, PlaceOrder{Input: newInput()})
 	require.NoError(t, err)
-	f.svc.afterWrite = func(context.Context, string) error { return errInjected }
+	f.svc.afterWrite = func(context.Context, pgx.Tx, string) error { return errInjected }
 	_, err = f.svc.Pay(context.Background(), alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
 	require.ErrorIs(t, err, errInjected)
 

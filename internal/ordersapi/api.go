@@ -345,6 +345,12 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, problem{Status: http.StatusInternalServerError, Type: typeCommitUnknown, Title: "Outcome unknown",
 			Detail: "the database connection failed while committing; the command may or may not have taken effect. " +
 				"Re-read the order (or retry a create with the same Idempotency-Key) before repeating it"})
+	case errors.Is(err, orders.ErrUnavailable):
+		// Nothing was committed: unlike the commit-unknown case, a plain
+		// retry is safe.
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, problem{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Title: "Temporarily unavailable",
+			Detail: "the command could not reach the database (or the broker) and nothing was committed; retry it after the Retry-After delay"})
 	case errors.Is(err, context.Canceled):
 		// The client went away; nothing useful can be written.
 	default:

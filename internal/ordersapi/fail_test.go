@@ -29,3 +29,22 @@ func TestFailEventTooLarge(t *testing.T) {
 	require.Equal(t, typeTooLarge, p.Type)
 	require.Equal(t, "Event too large", p.Title)
 }
+
+// TestFailUnavailable: a failure before commit is a 503 with Retry-After
+// and its own problem type, distinct from the commit-unknown 500.
+func TestFailUnavailable(t *testing.T) {
+	t.Parallel()
+	a := &api{Config{Log: slog.New(slog.DiscardHandler)}}
+	rec := httptest.NewRecorder()
+	a.fail(rec, httptest.NewRequest(http.MethodPost, "/orders", nil), fmt.Errorf("place: %w", orders.ErrUnavailable))
+	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	require.Equal(t, "1", rec.Header().Get("Retry-After"))
+	var p problem
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &p))
+	require.Equal(t, typeUnavailable, p.Type)
+
+	rec = httptest.NewRecorder()
+	a.fail(rec, httptest.NewRequest(http.MethodPost, "/orders", nil), fmt.Errorf("place: %w", orders.ErrCommitUnknown))
+	require.Equal(t, http.StatusInternalServerError, rec.Code)
+	require.Empty(t, rec.Header().Get("Retry-After"))
+}

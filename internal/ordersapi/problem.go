@@ -32,6 +32,7 @@ const (
 	typeIllegalState     = "urn:outboxref:problem:illegal-transition"
 	typeIdempotencyReuse = "urn:outboxref:problem:idempotency-key-reused"
 	typeCommitUnknown    = "urn:outboxref:problem:commit-unknown"
+	typeUnavailable      = "urn:outboxref:problem:unavailable"
 )
 
 func writeProblem(w http.ResponseWriter, p problem) {

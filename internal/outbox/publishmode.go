@@ -63,6 +63,9 @@ var (
 	// and the Writer that wrote its event has no DirectPublisher. The
 	// events are written but not sent; the caller must roll back.
 	ErrNoDirectPublisher = errors.New("outbox: publish mode needs a direct publisher this writer does not have")
+	// ErrDirectPublish matches a failure of the DirectPublisher. The
+	// broker may or may not hold the record; the caller must roll back.
+	ErrDirectPublish = errors.New("outbox: direct publish failed")
 )
 
 // DirectPublisher is the "publish inside the transaction" call a service is
@@ -113,7 +116,7 @@ func (w *Writer) sendDirect(ctx context.Context, tx pgx.Tx, events []Event, rows
 		}
 		rec, err := w.direct(ctx, *e, wr.created)
 		if err != nil {
-			return fmt.Errorf("direct publish of event %s (%s, %s mode): %w", e.ID, e.Type, wr.mode, err)
+			return fmt.Errorf("%w: event %s (%s, %s mode): %w", ErrDirectPublish, e.ID, e.Type, wr.mode, err)
 		}
 		if rec == nil {
 			return fmt.Errorf("direct publish of event %s (%s): the publisher returned no record", e.ID, e.Type)
@@ -148,7 +151,7 @@ type recordDigest struct {
 }
 
 func digestRecord(rec *kgo.Record) recordDigest {
-	k, v := sha256.Sum256(rec.Key), sha256.Sum256(rec.Value)
+	k, v := sha256.Sum256(rec.Key), sha256.Sum256(canonicalJSON(rec.Value))
 	d := recordDigest{topic: rec.Topic, key: k[:], value: v[:], headers: make(map[string]string, len(rec.Headers))}
 	for _, h := range rec.Headers {
 		name := h.Key
@@ -162,6 +165,26 @@ func digestRecord(rec *kgo.Record) recordDigest {
 		d.headers[name] = hex.EncodeToString(sum[:])
 	}
 	return d
+}
+
+// canonicalJSON returns a JSON value with its object keys sorted and no
+// insignificant whitespace, or b itself when it is not JSON. The relay
+// sends the payload as PostgreSQL's jsonb returns it (keys reordered,
+// spacing normalised), while a direct path sends the bytes it marshalled:
+// the same JSON to any consumer, so the comparison must not see them as
+// different.
+func canonicalJSON(b []byte) []byte {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil || dec.More() {
+		return b
+	}
+	out, err := json.Marshal(v)
+	if err != nil {
+		return b
+	}
+	return out
 }
 
 func (d recordDigest) headersJSON() []byte {

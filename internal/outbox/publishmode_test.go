@@ -196,7 +196,8 @@ func TestShadowModeReportsADifference(t *testing.T) {
 	_, err := admin.SetPublishMode(ctx, ops, strictType, outbox.ModeShadow)
 	require.NoError(t, err)
 
-	good := event("agg-1", 1)
+	// Spacing the relay's jsonb round trip normalises is no difference.
+	good := event("agg-1", 1, withPayload(`{  "n":1 }`))
 	require.NoError(t, e.insertWith(t, w, &good))
 	dp.mangle = func(r *kgo.Record) {
 		r.Value = []byte(`{"n": 2, "legacy": true}`)

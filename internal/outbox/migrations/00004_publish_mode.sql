@@ -29,7 +29,8 @@ ALTER TABLE outbox
 
 -- What the legacy path sent, one row per event, written in the business
 -- transaction right after the send. Digests, not copies: the comparison
--- needs no payload. In shadow mode the relay fills in the comparison; when
+-- needs no payload. The value's digest is of its JSON with keys sorted and
+-- no insignificant whitespace, as jsonb normalises what the relay sends. In shadow mode the relay fills in the comparison; when
 -- it finds no row at all (the legacy path did not send an event it should
 -- have), it writes one with only the result, 'missing'.
 CREATE TABLE outbox_direct_log (
