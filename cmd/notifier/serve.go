@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/notify"
@@ -34,7 +35,12 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		return err
 	}
 	cfg.print(stdout)
-	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	debug, err := debugserver.Start(cfg.DebugAddr, log)
+	if err != nil {
+		return err
+	}
+	defer debug.Close()
 
 	mailer, err := cfg.Email.mailer()
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/ordersapi"
@@ -33,8 +34,8 @@ func orderEventTypes() []outbox.EventType {
 	return types
 }
 
-func newLogger(stdout io.Writer) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo}))
+func newLogger(stdout io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level}))
 }
 
 func openPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
@@ -73,7 +74,12 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		return err
 	}
 	cfg.print(stdout)
-	log := newLogger(stdout)
+	log := newLogger(stdout, cfg.LogLevel)
+	debug, err := debugserver.Start(cfg.DebugAddr, log)
+	if err != nil {
+		return err
+	}
+	defer debug.Close()
 
 	pool, err := openPool(ctx, cfg.DatabaseURL)
 	if err != nil {
