@@ -10,9 +10,11 @@ import (
 	"net/mail"
 	"net/url"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
+	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/envconfig"
 	"github.com/outboxref/orders/internal/inbox"
@@ -28,6 +30,7 @@ type Config struct {
 	ShutdownTimeout time.Duration // SHUTDOWN_TIMEOUT
 	LogLevel        slog.Level    // LOG_LEVEL: debug, info, warn or error
 	DebugAddr       string        // DEBUG_ADDR: pprof on a private listener; off when empty
+	Tokens          *auth.Tokens  // AUTH_TOKENS: the admin API on HTTP_ADDR (admin role only); nil disables it
 
 	Kafka KafkaConfig
 	Email EmailConfig
@@ -204,6 +207,15 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	if c.Email.MaxAge <= 0 {
 		r.Fail("EMAIL_MAX_AGE=%s must be positive", c.Email.MaxAge)
 	}
+	// Optional: without tokens the admin API answers 404 and nothing else
+	// changes, so existing deployments keep starting.
+	if spec := r.String("AUTH_TOKENS", ""); spec != "" {
+		if t, err := auth.ParseTokens(spec); err != nil {
+			r.Fail("AUTH_TOKENS: %v", err)
+		} else {
+			c.Tokens = t
+		}
+	}
 	if err := debugserver.CheckAddr(c.DebugAddr, c.HTTPAddr); err != nil {
 		r.Fail("DEBUG_ADDR=%v", err)
 	}
@@ -293,4 +305,11 @@ func (c Config) print(w io.Writer) {
 	fmt.Fprintf(w, "config: PROCESSED_EVENT_TTL=%s BROKER_REDELIVERY_WINDOW=%s BACKUP_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d CLEANUP_PAUSE=%s\n",
 		c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention, c.Retention.CleanupInterval, c.Retention.CleanupBatch, c.Retention.CleanupPause)
 	fmt.Fprintf(w, "config: LOG_LEVEL=%s DEBUG_ADDR=%s\n", envconfig.LevelName(c.LogLevel), c.DebugAddr)
+	tokens := "(unset: admin API disabled)"
+	if c.Tokens != nil {
+		subjects := c.Tokens.Subjects()
+		sort.Strings(subjects)
+		tokens = fmt.Sprintf("[%d tokens: %s]", c.Tokens.Len(), strings.Join(subjects, " "))
+	}
+	fmt.Fprintf(w, "config: AUTH_TOKENS=%s\n", tokens)
 }

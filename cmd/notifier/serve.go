@@ -96,7 +96,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 
 	srv := &http.Server{
 		Addr:              cfg.HTTPAddr,
-		Handler:           newHandler(pool, reg, schema, svc.Consumer.Health),
+		Handler:           withAdmin(newHandler(pool, reg, schema, svc.Consumer.Health), svc.Admin(), cfg.Tokens, log),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      15 * time.Second,

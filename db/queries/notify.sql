@@ -208,11 +208,6 @@ FROM email_send e
 WHERE e.operation_key = @operation_key
 FOR UPDATE;
 
--- name: EmailSendRowHash :one
-SELECT sha256(convert_to(to_jsonb(e)::text, 'UTF8'))::bytea AS row_sha256
-FROM email_send e
-WHERE e.operation_key = @operation_key;
-
 -- name: AdminAuditInsert :one
 -- One audited write, in the transaction of the change (admin_audit).
 INSERT INTO admin_audit (actor, action, target, reason, before_sha256, after_sha256, detail)

@@ -756,19 +756,6 @@ func (q *Queries) EmailSendResolve(ctx context.Context, arg EmailSendResolvePara
 	return result.RowsAffected(), nil
 }
 
-const emailSendRowHash = `-- name: EmailSendRowHash :one
-SELECT sha256(convert_to(to_jsonb(e)::text, 'UTF8'))::bytea AS row_sha256
-FROM email_send e
-WHERE e.operation_key = $1
-`
-
-func (q *Queries) EmailSendRowHash(ctx context.Context, operationKey string) ([]byte, error) {
-	row := q.db.QueryRow(ctx, emailSendRowHash, operationKey)
-	var row_sha256 []byte
-	err := row.Scan(&row_sha256)
-	return row_sha256, err
-}
-
 const emailSendSkipStale = `-- name: EmailSendSkipStale :many
 UPDATE email_send
 SET state = 'skipped', skip_reason = 'stale'
