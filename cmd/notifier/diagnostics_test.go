@@ -21,6 +21,7 @@ import (
 // a Kafka cluster over TCP, an SMTP server and an orders API.
 type serveWorld struct {
 	dbURL, broker, smtp, ordersAPI string
+	mail                           *smtptest.Server
 }
 
 func newServeWorld(t *testing.T) serveWorld {
@@ -31,7 +32,8 @@ func newServeWorld(t *testing.T) serveWorld {
 	t.Cleanup(cluster.Close)
 	api := httptest.NewServer(http.NotFoundHandler())
 	t.Cleanup(api.Close)
-	w := serveWorld{dbURL: dbURL, broker: cluster.ListenAddrs()[0], smtp: smtptest.Start(t).Addr, ordersAPI: api.URL}
+	mail := smtptest.Start(t)
+	w := serveWorld{dbURL: dbURL, broker: cluster.ListenAddrs()[0], smtp: mail.Addr, ordersAPI: api.URL, mail: mail}
 	require.NoError(t, run(context.Background(), []string{"migrate"}, envFrom(map[string]string{"DATABASE_URL": dbURL}), io.Discard))
 	return w
 }

@@ -36,7 +36,9 @@ type Admin struct {
 
 // AdminConfig is what an Admin needs.
 type AdminConfig struct {
-	Pool  *pgxpool.Pool
+	Pool *pgxpool.Pool
+	// Inbox retries parked records; an Admin without one can do
+	// everything else.
 	Inbox *inbox.Inbox
 	// Decode reads a parked record again when it is retried. Nil means
 	// DecodeRecord: the notifier's decoder as deployed now, so a fix
@@ -150,6 +152,9 @@ type RetryResult struct {
 func (a *Admin) RetryParked(ctx context.Context, id int64, actor, reason string) (RetryResult, error) {
 	if err := CheckReason(reason); err != nil {
 		return RetryResult{}, err
+	}
+	if a.inbox == nil {
+		return RetryResult{}, errors.New("retry parked record: this Admin has no inbox")
 	}
 	var out RetryResult
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
