@@ -5,13 +5,17 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/mail"
 	"net/url"
 	"os"
+	"sort"
 	"strings"
 	"time"
 
+	"github.com/outboxref/orders/internal/auth"
+	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/envconfig"
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/kafkaconf"
@@ -24,6 +28,9 @@ type Config struct {
 	DatabaseURL     string        // DATABASE_URL
 	HTTPAddr        string        // HTTP_ADDR: /healthz, /readyz, /metrics
 	ShutdownTimeout time.Duration // SHUTDOWN_TIMEOUT
+	LogLevel        slog.Level    // LOG_LEVEL: debug, info, warn or error
+	DebugAddr       string        // DEBUG_ADDR: pprof on a private listener; off when empty
+	Tokens          *auth.Tokens  // AUTH_TOKENS: the admin API on HTTP_ADDR (admin role only); nil disables it
 
 	Kafka KafkaConfig
 	Email EmailConfig
@@ -108,6 +115,8 @@ func loadConfig(getenv func(string) string) (Config, error) {
 		DatabaseURL:     r.String("DATABASE_URL", defaultDatabaseURL),
 		HTTPAddr:        r.String("HTTP_ADDR", defaultHTTPAddr),
 		ShutdownTimeout: r.Duration("SHUTDOWN_TIMEOUT", 45*time.Second),
+		LogLevel:        r.LogLevel("LOG_LEVEL", slog.LevelInfo),
+		DebugAddr:       r.String("DEBUG_ADDR", ""),
 		Kafka: KafkaConfig{
 			Conn: kafkaconf.Config{
 				Brokers:       r.List("KAFKA_BROKERS", "127.0.0.1:9092"),
@@ -198,6 +207,18 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	if c.Email.MaxAge <= 0 {
 		r.Fail("EMAIL_MAX_AGE=%s must be positive", c.Email.MaxAge)
 	}
+	// Optional: without tokens the admin API answers 404 and nothing else
+	// changes, so existing deployments keep starting.
+	if spec := r.String("AUTH_TOKENS", ""); spec != "" {
+		if t, err := auth.ParseTokens(spec); err != nil {
+			r.Fail("AUTH_TOKENS: %v", err)
+		} else {
+			c.Tokens = t
+		}
+	}
+	if err := debugserver.CheckAddr(c.DebugAddr, c.HTTPAddr); err != nil {
+		r.Fail("DEBUG_ADDR=%v", err)
+	}
 	if err := r.Err(); err != nil {
 		return Config{}, fmt.Errorf("invalid configuration:\n%w", err)
 	}
@@ -283,4 +304,12 @@ func (c Config) print(w io.Writer) {
 		envconfig.MaskURL(c.OrdersAPIURL), envconfig.Mask(c.OrdersAPIToken), c.OrdersAPITimeout, c.GapWindow)
 	fmt.Fprintf(w, "config: PROCESSED_EVENT_TTL=%s BROKER_REDELIVERY_WINDOW=%s BACKUP_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d CLEANUP_PAUSE=%s\n",
 		c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention, c.Retention.CleanupInterval, c.Retention.CleanupBatch, c.Retention.CleanupPause)
+	fmt.Fprintf(w, "config: LOG_LEVEL=%s DEBUG_ADDR=%s\n", envconfig.LevelName(c.LogLevel), c.DebugAddr)
+	tokens := "(unset: admin API disabled)"
+	if c.Tokens != nil {
+		subjects := c.Tokens.Subjects()
+		sort.Strings(subjects)
+		tokens = fmt.Sprintf("[%d tokens: %s]", c.Tokens.Len(), strings.Join(subjects, " "))
+	}
+	fmt.Fprintf(w, "config: AUTH_TOKENS=%s\n", tokens)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"text/tabwriter"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -24,9 +25,18 @@ func openDB(ctx context.Context, getenv func(string) string) (*pgxpool.Pool, err
 	return pool, nil
 }
 
+// stderr receives the deprecation notices of the old commands, so their
+// stdout stays what scripts parse.
+var stderr io.Writer = os.Stderr
+
 // runEmails lists ledger rows in one state, for the operator who resolves
 // unknown or failed emails. It prints identifiers and errors, not bodies.
+//
+// Deprecated: `notifier admin emails` does the same through the admin API,
+// with a token instead of the database's credentials. This alias stays so
+// that scripts keep working.
 func runEmails(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fmt.Fprintln(stderr, "notifier: `notifier emails` is deprecated; use `notifier admin emails [STATE]` (the admin API, with ADMIN_API_TOKEN)")
 	state := notify.StateUnknown
 	if len(args) > 0 {
 		state = args[0]
@@ -57,9 +67,19 @@ func runEmails(ctx context.Context, args []string, getenv func(string) string, s
 	return tw.Flush()
 }
 
+// legacyReason is the audit trail's reason for a resolution made with the
+// deprecated command, which takes none.
+const legacyReason = "via the deprecated `notifier resolve-email` command, which takes no reason"
+
 // runResolveEmail records an operator's decision about an unknown or
 // failed email (the hold policy's way out), with the actor.
+//
+// Deprecated: `notifier admin resolve-email KEY RESOLUTION --reason R`
+// does it through the admin API, the actor being the token's subject. This
+// alias stays so that scripts keep working; it writes the same audit row,
+// with the ACTOR it is given and a reason saying no reason was given.
 func runResolveEmail(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fmt.Fprintln(stderr, "notifier: `notifier resolve-email` is deprecated; use `notifier admin resolve-email KEY sent|resend|failed --reason R` (the admin API, with ADMIN_API_TOKEN)")
 	if len(args) != 3 {
 		return fmt.Errorf("usage: notifier resolve-email OPERATION_KEY sent|resend|failed ACTOR")
 	}
@@ -68,7 +88,7 @@ func runResolveEmail(ctx context.Context, args []string, getenv func(string) str
 		return err
 	}
 	defer pool.Close()
-	if err := notify.ResolveEmail(ctx, pool, args[0], args[1], args[2]); err != nil {
+	if _, err := notify.NewAdmin(notify.AdminConfig{Pool: pool}).ResolveEmail(ctx, args[0], args[1], args[2], legacyReason); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "resolve-email: %s marked %s by %s\n", args[0], args[1], args[2])

@@ -5,9 +5,12 @@
 //	notifier migrate [status]        create the database if needed and apply the
 //	                                 inbox and notifier migration lines, or list them
 //	notifier serve                   consume, send emails, serve /healthz, /readyz, /metrics
-//	notifier emails [STATE]          list send-ledger rows (default: unknown)
+//	                                 and the admin API under /admin (AUTH_TOKENS)
+//	notifier admin COMMAND           a client of that admin API: parked records, conflicts,
+//	                                 retries, the send ledger (ADMIN_API_URL, ADMIN_API_TOKEN)
+//	notifier emails [STATE]          deprecated: notifier admin emails
 //	notifier resolve-email KEY RESOLUTION ACTOR
-//	                                 resolve an unknown or failed email: sent, resend or failed
+//	                                 deprecated: notifier admin resolve-email
 package main
 
 import (
@@ -37,9 +40,10 @@ const usage = `usage: notifier <command>
 commands:
   migrate                        create the database if needed and apply migrations (idempotent)
   migrate status                 list each migration line's files and whether they are applied
-  serve                          consume order events, send emails, serve /healthz /readyz /metrics
-  emails [STATE]                 list send-ledger rows in STATE (default unknown; also skipped, failed, ...)
-  resolve-email KEY RES ACTOR    resolve an unknown or failed email; RES is sent, resend or failed
+  serve                          consume order events, send emails, serve /healthz /readyz /metrics and /admin
+  admin COMMAND                  operate a running notifier through its admin API; notifier admin help
+  emails [STATE]                 deprecated: use notifier admin emails [STATE]
+  resolve-email KEY RES ACTOR    deprecated: use notifier admin resolve-email KEY RES --reason R
   healthcheck                    probe /readyz on HTTP_ADDR; exit 0 when ready
 `
 
@@ -53,6 +57,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return runMigrate(ctx, args[1:], getenv, stdout)
 	case "serve":
 		return runServe(ctx, getenv, stdout)
+	case "admin":
+		return runAdmin(ctx, args[1:], getenv, stdout)
 	case "emails":
 		return runEmails(ctx, args[1:], getenv, stdout)
 	case "resolve-email":

@@ -18,6 +18,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/notify"
@@ -36,7 +37,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	}
 	cfg.print(stdout)
 	// Lines logged inside a span carry trace_id and span_id (L4).
-	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	log := slog.New(telemetry.LogHandler(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: cfg.LogLevel})))
 	// Tracing is off unless OTEL_TRACES_EXPORTER is set. Deferred first,
 	// the flush runs last, once every worker has ended its spans.
 	tracing, err := telemetry.Setup(ctx, getenv, "notifier", log)
@@ -50,6 +51,11 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 			log.Warn("tracing shutdown incomplete", "error", err.Error())
 		}
 	}()
+	debug, err := debugserver.Start(cfg.DebugAddr, log)
+	if err != nil {
+		return err
+	}
+	defer debug.Close()
 
 	mailer, err := cfg.Email.mailer()
 	if err != nil {
@@ -105,7 +111,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 
 	srv := &http.Server{
 		Addr:              cfg.HTTPAddr,
-		Handler:           newHandler(pool, reg, schema, svc.Consumer.Health),
+		Handler:           withAdmin(newHandler(pool, reg, schema, svc.Consumer.Health), svc.Admin(), cfg.Tokens, log),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      15 * time.Second,

@@ -3,11 +3,13 @@ package main
 import (
 	"fmt"
 	"io"
+	"log/slog"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/outboxref/orders/internal/auth"
+	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/envconfig"
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/outbox"
@@ -20,6 +22,8 @@ type Config struct {
 	HTTPAddr        string        // HTTP_ADDR
 	Tokens          *auth.Tokens  // AUTH_TOKENS: token=subject:role,...
 	ShutdownTimeout time.Duration // SHUTDOWN_TIMEOUT
+	LogLevel        slog.Level    // LOG_LEVEL: debug, info, warn or error
+	DebugAddr       string        // DEBUG_ADDR: pprof on a private listener; off when empty
 
 	Kafka KafkaConfig
 	Relay RelayConfig
@@ -108,6 +112,8 @@ func load(getenv func(string) string, api bool) (Config, error) {
 		DatabaseURL:     r.String("DATABASE_URL", defaultDatabaseURL),
 		HTTPAddr:        r.String("HTTP_ADDR", defaultHTTPAddr),
 		ShutdownTimeout: r.Duration("SHUTDOWN_TIMEOUT", 20*time.Second),
+		LogLevel:        r.LogLevel("LOG_LEVEL", slog.LevelInfo),
+		DebugAddr:       r.String("DEBUG_ADDR", ""),
 		Kafka: KafkaConfig{
 			Brokers:         r.List("KAFKA_BROKERS", "127.0.0.1:9092"),
 			Topic:           r.String("ORDERS_TOPIC", "orders.events"),
@@ -163,6 +169,9 @@ func load(getenv func(string) string, api bool) (Config, error) {
 	default:
 		r.Fail("KAFKA_SASL_MECHANISM=%q: want SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN", c.Kafka.SASLMechanism)
 	}
+	if err := debugserver.CheckAddr(c.DebugAddr, c.HTTPAddr, c.Relay.MetricsAddr); err != nil {
+		r.Fail("DEBUG_ADDR=%v", err)
+	}
 	if c.Relay.BackoffCap < c.Relay.BackoffBase {
 		r.Fail("RELAY_BACKOFF_CAP (%s) must not be below RELAY_BACKOFF_BASE (%s)", c.Relay.BackoffCap, c.Relay.BackoffBase)
 	}
@@ -189,4 +198,5 @@ func (c Config) print(w io.Writer) {
 		c.Relay.Enabled, c.Relay.BatchSize, c.Relay.Lease, c.Relay.PollInterval, c.Relay.BackoffBase, c.Relay.BackoffCap,
 		c.Relay.DrainTimeout, c.Relay.Source, c.Relay.MetricsAddr)
 	c.Ops.print(w)
+	fmt.Fprintf(w, "config: LOG_LEVEL=%s DEBUG_ADDR=%s\n", envconfig.LevelName(c.LogLevel), c.DebugAddr)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/outbox"
@@ -72,12 +73,17 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 		return err
 	}
 	cfg.print(stdout)
-	log := newLogger(stdout)
+	log := newLogger(stdout, cfg.LogLevel)
 	flushTraces, err := setupTracing(ctx, getenv, log, cfg.ShutdownTimeout)
 	if err != nil {
 		return err
 	}
 	defer flushTraces()
+	debug, err := debugserver.Start(cfg.DebugAddr, log)
+	if err != nil {
+		return err
+	}
+	defer debug.Close()
 
 	pool, err := openPool(ctx, cfg.DatabaseURL)
 	if err != nil {

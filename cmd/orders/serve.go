@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/ordersapi"
@@ -36,8 +37,8 @@ func orderEventTypes() []outbox.EventType {
 
 // newLogger returns the service's JSON logger; lines logged inside a span
 // carry trace_id and span_id (L4).
-func newLogger(stdout io.Writer) *slog.Logger {
-	return slog.New(telemetry.LogHandler(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: slog.LevelInfo})))
+func newLogger(stdout io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(telemetry.LogHandler(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})))
 }
 
 // setupTracing installs tracing from the OTEL_* variables (off unless
@@ -94,12 +95,17 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		return err
 	}
 	cfg.print(stdout)
-	log := newLogger(stdout)
+	log := newLogger(stdout, cfg.LogLevel)
 	flushTraces, err := setupTracing(ctx, getenv, log, cfg.ShutdownTimeout)
 	if err != nil {
 		return err
 	}
 	defer flushTraces()
+	debug, err := debugserver.Start(cfg.DebugAddr, log)
+	if err != nil {
+		return err
+	}
+	defer debug.Close()
 
 	pool, err := openPool(ctx, cfg.DatabaseURL)
 	if err != nil {

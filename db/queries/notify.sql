@@ -152,8 +152,27 @@ SET state = @new_state, next_attempt_at = clock_timestamp(),
     resolved_by = @actor::text, resolved_at = clock_timestamp(), resolution = @resolution::text
 WHERE operation_key = @operation_key AND state IN ('unknown', 'failed');
 
--- name: EmailSendCountByState :many
-SELECT state, count(*) AS n FROM email_send GROUP BY state;
+-- name: EmailSendCountOpen :many
+-- The ledger gauges' exact part: the states the sender or an operator still
+-- has to act on, counted from their partial index (email_send_open_state_idx),
+-- so a refresh reads the open rows only, never the whole ledger.
+SELECT state, count(*) AS n FROM email_send
+WHERE state IN ('pending', 'sending', 'unknown', 'failed')
+GROUP BY state;
+
+-- name: EmailSendEstimateFinished :many
+-- The finished states (sent, skipped) are nearly the whole ledger, and
+-- counting them exactly every few seconds would read all of it: they are
+-- estimated from the planner's statistics (the table's row estimate times
+-- each state's frequency), which autovacuum's ANALYZE keeps current. No row
+-- for a state before the first ANALYZE, or when it is too rare to be among
+-- the column's most common values.
+SELECT v.state::text AS state, round(greatest(c.reltuples, 0) * s.most_common_freqs[v.i])::bigint AS n
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+JOIN pg_catalog.pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname AND s.attname = 'state'
+CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[]) WITH ORDINALITY AS v(state, i)
+WHERE c.oid = 'email_send'::regclass AND v.state IN ('sent', 'skipped');
 
 -- name: EmailLedgerCleanupLock :one
 -- One ledger cleaner at a time, for the whole run (O6).
@@ -170,7 +189,31 @@ DELETE FROM email_send
 WHERE operation_key IN (
     SELECT e.operation_key FROM email_send e
     WHERE e.state IN ('sent', 'skipped')
-      AND e.created_at < clock_timestamp() - make_interval(secs => @ttl_seconds::float8)
+      -- now(), not clock_timestamp(): see ProcessedEventCleanup in the
+      -- inbox's queries; a volatile cutoff cannot bound the index scan.
+      AND e.created_at < now() - make_interval(secs => @ttl_seconds::float8)
     ORDER BY e.created_at, e.operation_key
     LIMIT @batch_size
 );
+
+-- name: AdminRowHashSettings :exec
+-- Row hashes (sha256 of to_jsonb(row)) depend on how timestamps and bytes
+-- print; fixed for the rest of the transaction (see admin_audit).
+SELECT set_config('TimeZone', 'UTC', true), set_config('bytea_output', 'hex', true);
+
+-- name: EmailSendLockForResolve :one
+-- The row an operator resolves, locked until the transaction ends, with
+-- the hash of the row.
+SELECT sqlc.embed(e), sha256(convert_to(to_jsonb(e)::text, 'UTF8'))::bytea AS row_sha256
+FROM email_send e
+WHERE e.operation_key = @operation_key
+FOR UPDATE;
+
+-- name: AdminAuditInsert :one
+-- One audited write, in the transaction of the change (admin_audit).
+INSERT INTO admin_audit (actor, action, target, reason, before_sha256, after_sha256, detail)
+VALUES (@actor, @action, @target, @reason, @before_sha256, @after_sha256, @detail)
+RETURNING id, at;
+
+-- name: AdminAuditListForTarget :many
+SELECT * FROM admin_audit WHERE target = @target ORDER BY id;

@@ -32,8 +32,12 @@
 //     ApplyFunc, RejectFunc, Snapshot, FetchFunc, SnapshotFunc;
 //   - DecodeRecord (the CloudEvents record written by the outbox relay),
 //     ParkRecord and ParkedHeader (poison records, stored losslessly);
+//   - for operators (O4): ParkedRecords, ParkedRecordByID, ParkedEvents,
+//     Conflicts, and Inbox.RetryParked with a DecodeFunc; ParkedRecord,
+//     ParkedListOptions, ParkedEvent, ConflictRecord, Retry, Resolution;
 //   - IsTransient, CheckRetention, Migrations and MigrationLine;
-//   - errors ErrInvalidEvent, ErrNotFound, ErrRetentionTooShort.
+//   - errors ErrInvalidEvent, ErrNotFound, ErrRetentionTooShort,
+//     ErrParkedRecordNotFound, ErrAlreadyResolved.
 package inbox
 
 import (

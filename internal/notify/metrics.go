@@ -25,6 +25,7 @@ type Metrics struct {
 	Resends prometheus.Counter
 	// Ledger is the number of ledger rows by state; unknown rows under the
 	// hold policy wait here for an operator (notifier_email_ledger_rows).
+	// Sent and skipped are estimates (RefreshLedgerStats).
 	Ledger *prometheus.GaugeVec
 	// UnknownPolicy is 1 for the configured EMAIL_UNKNOWN_POLICY
 	// (notifier_email_unknown_policy).
@@ -66,7 +67,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		Ledger: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "notifier_email_ledger_rows",
-			Help: "Send ledger rows by state.",
+			Help: "Send ledger rows by state: pending, sending, unknown and failed exact; sent and skipped estimated from the planner's statistics.",
 		}, []string{"state"}),
 		UnknownPolicy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "notifier_email_unknown_policy",

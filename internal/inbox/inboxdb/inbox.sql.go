@@ -241,6 +241,52 @@ func (q *Queries) InboxConflictList(ctx context.Context, arg InboxConflictListPa
 	return items, nil
 }
 
+const inboxConflictListAll = `-- name: InboxConflictListAll :many
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, existing_event_id, detected_at
+FROM inbox_conflict
+ORDER BY detected_at, event_id
+LIMIT $1
+`
+
+type InboxConflictListAllRow struct {
+	EventID          uuid.UUID
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	ExistingEventID  uuid.UUID
+	DetectedAt       time.Time
+}
+
+// Conflicts, oldest first, without their payloads.
+func (q *Queries) InboxConflictListAll(ctx context.Context, rowLimit int32) ([]InboxConflictListAllRow, error) {
+	rows, err := q.db.Query(ctx, inboxConflictListAll, rowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []InboxConflictListAllRow{}
+	for rows.Next() {
+		var i InboxConflictListAllRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateVersion,
+			&i.EventType,
+			&i.ExistingEventID,
+			&i.DetectedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const inboxGapsDue = `-- name: InboxGapsDue :many
 SELECT aggregate_type, aggregate_id, last_version, gap_since, resync_after, resync_attempts, last_resync_error, updated_at FROM inbox_aggregate
 WHERE resync_after <= clock_timestamp()
@@ -529,6 +575,61 @@ func (q *Queries) InboxHeldParkOne(ctx context.Context, arg InboxHeldParkOnePara
 	return result.RowsAffected(), nil
 }
 
+const inboxHeldParkedList = `-- name: InboxHeldParkedList :many
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+       event_time, park_reason, held_at, parked_at
+FROM inbox_held_event
+WHERE state = 'parked'
+ORDER BY parked_at, event_id
+LIMIT $1
+`
+
+type InboxHeldParkedListRow struct {
+	EventID          uuid.UUID
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	SchemaVersion    int32
+	EventTime        time.Time
+	ParkReason       *string
+	HeldAt           time.Time
+	ParkedAt         *time.Time
+}
+
+// Held events parked (a resync could not place them, or their change
+// failed), oldest first, without their payloads.
+func (q *Queries) InboxHeldParkedList(ctx context.Context, rowLimit int32) ([]InboxHeldParkedListRow, error) {
+	rows, err := q.db.Query(ctx, inboxHeldParkedList, rowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []InboxHeldParkedListRow{}
+	for rows.Next() {
+		var i InboxHeldParkedListRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateVersion,
+			&i.EventType,
+			&i.SchemaVersion,
+			&i.EventTime,
+			&i.ParkReason,
+			&i.HeldAt,
+			&i.ParkedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const inboxHeldStats = `-- name: InboxHeldStats :one
 SELECT count(*) FILTER (WHERE state = 'held')   AS held,
        count(*) FILTER (WHERE state = 'parked') AS parked
@@ -597,14 +698,46 @@ func (q *Queries) InboxHeldTakeCovered(ctx context.Context, arg InboxHeldTakeCov
 }
 
 const inboxParkedRecordCount = `-- name: InboxParkedRecordCount :one
-SELECT count(*) FROM inbox_parked_record
+SELECT count(*) FROM inbox_parked_record WHERE resolution IS NULL OR resolution = 'still_failing'
 `
 
+// Open parked records, from their partial index (inbox_parked_record_open_idx):
+// resolved ones are history, not work.
 func (q *Queries) InboxParkedRecordCount(ctx context.Context) (int64, error) {
 	row := q.db.QueryRow(ctx, inboxParkedRecordCount)
 	var count int64
 	err := row.Scan(&count)
 	return count, err
+}
+
+const inboxParkedRecordGet = `-- name: InboxParkedRecordGet :one
+SELECT id, source, partition, "offset", event_id, record_key, record_value, headers, reason, parked_at, park_key, record_sha256, resolution, retry_outcome, resolved_by, resolved_at, resolution_note, retries FROM inbox_parked_record WHERE id = $1
+`
+
+func (q *Queries) InboxParkedRecordGet(ctx context.Context, id int64) (InboxParkedRecord, error) {
+	row := q.db.QueryRow(ctx, inboxParkedRecordGet, id)
+	var i InboxParkedRecord
+	err := row.Scan(
+		&i.ID,
+		&i.Source,
+		&i.Partition,
+		&i.Offset,
+		&i.EventID,
+		&i.RecordKey,
+		&i.RecordValue,
+		&i.Headers,
+		&i.Reason,
+		&i.ParkedAt,
+		&i.ParkKey,
+		&i.RecordSha256,
+		&i.Resolution,
+		&i.RetryOutcome,
+		&i.ResolvedBy,
+		&i.ResolvedAt,
+		&i.ResolutionNote,
+		&i.Retries,
+	)
+	return i, err
 }
 
 const inboxParkedRecordInsert = `-- name: InboxParkedRecordInsert :execrows
@@ -650,7 +783,7 @@ func (q *Queries) InboxParkedRecordInsert(ctx context.Context, arg InboxParkedRe
 }
 
 const inboxParkedRecordList = `-- name: InboxParkedRecordList :many
-SELECT id, source, partition, "offset", event_id, record_key, record_value, headers, reason, parked_at, park_key, record_sha256 FROM inbox_parked_record ORDER BY id LIMIT $1
+SELECT id, source, partition, "offset", event_id, record_key, record_value, headers, reason, parked_at, park_key, record_sha256, resolution, retry_outcome, resolved_by, resolved_at, resolution_note, retries FROM inbox_parked_record ORDER BY id LIMIT $1
 `
 
 func (q *Queries) InboxParkedRecordList(ctx context.Context, rowLimit int32) ([]InboxParkedRecord, error) {
@@ -675,6 +808,12 @@ func (q *Queries) InboxParkedRecordList(ctx context.Context, rowLimit int32) ([]
 			&i.ParkedAt,
 			&i.ParkKey,
 			&i.RecordSha256,
+			&i.Resolution,
+			&i.RetryOutcome,
+			&i.ResolvedBy,
+			&i.ResolvedAt,
+			&i.ResolutionNote,
+			&i.Retries,
 		); err != nil {
 			return nil, err
 		}
@@ -686,12 +825,169 @@ func (q *Queries) InboxParkedRecordList(ctx context.Context, rowLimit int32) ([]
 	return items, nil
 }
 
+const inboxParkedRecordListSummary = `-- name: InboxParkedRecordListSummary :many
+SELECT id, source, partition, "offset", event_id, reason, parked_at,
+       resolution, retry_outcome, resolved_by, resolved_at, retries
+FROM inbox_parked_record
+WHERE id > $1
+  AND ($2::boolean OR resolution IS NULL OR resolution = 'still_failing')
+ORDER BY id
+LIMIT $3
+`
+
+type InboxParkedRecordListSummaryParams struct {
+	AfterID         int64
+	IncludeResolved bool
+	RowLimit        int32
+}
+
+type InboxParkedRecordListSummaryRow struct {
+	ID           int64
+	Source       string
+	Partition    int32
+	Offset       int64
+	EventID      *uuid.UUID
+	Reason       string
+	ParkedAt     time.Time
+	Resolution   *string
+	RetryOutcome *string
+	ResolvedBy   *string
+	ResolvedAt   *time.Time
+	Retries      int32
+}
+
+// Parked records for an operator, oldest first from a cursor, without their
+// key, value and headers. Open ones only, unless include_resolved.
+func (q *Queries) InboxParkedRecordListSummary(ctx context.Context, arg InboxParkedRecordListSummaryParams) ([]InboxParkedRecordListSummaryRow, error) {
+	rows, err := q.db.Query(ctx, inboxParkedRecordListSummary, arg.AfterID, arg.IncludeResolved, arg.RowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []InboxParkedRecordListSummaryRow{}
+	for rows.Next() {
+		var i InboxParkedRecordListSummaryRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.Source,
+			&i.Partition,
+			&i.Offset,
+			&i.EventID,
+			&i.Reason,
+			&i.ParkedAt,
+			&i.Resolution,
+			&i.RetryOutcome,
+			&i.ResolvedBy,
+			&i.ResolvedAt,
+			&i.Retries,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const inboxParkedRecordLock = `-- name: InboxParkedRecordLock :one
+SELECT p.id, p.source, p.partition, p."offset", p.event_id, p.record_key, p.record_value, p.headers, p.reason, p.parked_at, p.park_key, p.record_sha256, p.resolution, p.retry_outcome, p.resolved_by, p.resolved_at, p.resolution_note, p.retries, sha256(convert_to(to_jsonb(p)::text, 'UTF8'))::bytea AS row_sha256
+FROM inbox_parked_record p
+WHERE p.id = $1
+FOR UPDATE
+`
+
+type InboxParkedRecordLockRow struct {
+	InboxParkedRecord InboxParkedRecord
+	RowSha256         []byte
+}
+
+// The record to retry, locked until the transaction ends (two retries of
+// one record run one after the other), with the hash of the row.
+func (q *Queries) InboxParkedRecordLock(ctx context.Context, id int64) (InboxParkedRecordLockRow, error) {
+	row := q.db.QueryRow(ctx, inboxParkedRecordLock, id)
+	var i InboxParkedRecordLockRow
+	err := row.Scan(
+		&i.InboxParkedRecord.ID,
+		&i.InboxParkedRecord.Source,
+		&i.InboxParkedRecord.Partition,
+		&i.InboxParkedRecord.Offset,
+		&i.InboxParkedRecord.EventID,
+		&i.InboxParkedRecord.RecordKey,
+		&i.InboxParkedRecord.RecordValue,
+		&i.InboxParkedRecord.Headers,
+		&i.InboxParkedRecord.Reason,
+		&i.InboxParkedRecord.ParkedAt,
+		&i.InboxParkedRecord.ParkKey,
+		&i.InboxParkedRecord.RecordSha256,
+		&i.InboxParkedRecord.Resolution,
+		&i.InboxParkedRecord.RetryOutcome,
+		&i.InboxParkedRecord.ResolvedBy,
+		&i.InboxParkedRecord.ResolvedAt,
+		&i.InboxParkedRecord.ResolutionNote,
+		&i.InboxParkedRecord.Retries,
+		&i.RowSha256,
+	)
+	return i, err
+}
+
+const inboxParkedRecordResolve = `-- name: InboxParkedRecordResolve :one
+UPDATE inbox_parked_record p
+SET resolution      = $1::text,
+    retry_outcome   = $2::text,
+    reason          = coalesce(left($3::text, 1024), p.reason),
+    resolved_by     = $4::text,
+    resolved_at     = clock_timestamp(),
+    resolution_note = left($5::text, 1024),
+    retries         = p.retries + 1
+WHERE p.id = $6
+RETURNING sha256(convert_to(to_jsonb(p)::text, 'UTF8'))::bytea AS row_sha256
+`
+
+type InboxParkedRecordResolveParams struct {
+	Resolution   string
+	RetryOutcome *string
+	NewReason    *string
+	ResolvedBy   string
+	Note         string
+	ID           int64
+}
+
+// Records what a retry did, and by whom. A record that still fails keeps
+// its row, with the new reason.
+func (q *Queries) InboxParkedRecordResolve(ctx context.Context, arg InboxParkedRecordResolveParams) ([]byte, error) {
+	row := q.db.QueryRow(ctx, inboxParkedRecordResolve,
+		arg.Resolution,
+		arg.RetryOutcome,
+		arg.NewReason,
+		arg.ResolvedBy,
+		arg.Note,
+		arg.ID,
+	)
+	var row_sha256 []byte
+	err := row.Scan(&row_sha256)
+	return row_sha256, err
+}
+
+const inboxRowHashSettings = `-- name: InboxRowHashSettings :exec
+SELECT set_config('TimeZone', 'UTC', true), set_config('bytea_output', 'hex', true)
+`
+
+// Row hashes (sha256 of to_jsonb(row)) depend on how timestamps and bytes
+// print; fixed for the rest of the transaction, so they do not depend on
+// the session and anyone can recompute them.
+func (q *Queries) InboxRowHashSettings(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, inboxRowHashSettings)
+	return err
+}
+
 const processedEventCleanup = `-- name: ProcessedEventCleanup :execrows
 DELETE FROM processed_event
 WHERE event_id IN (
     SELECT p.event_id FROM processed_event p
     WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict')
-      AND p.processed_at < clock_timestamp() - make_interval(secs => $1::float8)
+      AND p.processed_at < now() - make_interval(secs => $1::float8)
     ORDER BY p.processed_at, p.event_id
     LIMIT $2
 )
@@ -704,6 +1000,9 @@ type ProcessedEventCleanupParams struct {
 
 // Deletes one bounded batch of finished markers older than the TTL, oldest
 // first, so a large backlog never becomes one long lock-holding statement.
+// The cutoff uses now(), not clock_timestamp(): a volatile function cannot
+// bound an index scan, and the run's last batch, which finds fewer rows
+// than its limit, would walk the whole index and its heap to prove it.
 func (q *Queries) ProcessedEventCleanup(ctx context.Context, arg ProcessedEventCleanupParams) (int64, error) {
 	result, err := q.db.Exec(ctx, processedEventCleanup, arg.TtlSeconds, arg.BatchSize)
 	if err != nil {

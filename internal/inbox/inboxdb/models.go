@@ -48,18 +48,24 @@ type InboxHeldEvent struct {
 }
 
 type InboxParkedRecord struct {
-	ID           int64
-	Source       string
-	Partition    int32
-	Offset       int64
-	EventID      *uuid.UUID
-	RecordKey    []byte
-	RecordValue  []byte
-	Headers      []byte
-	Reason       string
-	ParkedAt     time.Time
-	ParkKey      string
-	RecordSha256 []byte
+	ID             int64
+	Source         string
+	Partition      int32
+	Offset         int64
+	EventID        *uuid.UUID
+	RecordKey      []byte
+	RecordValue    []byte
+	Headers        []byte
+	Reason         string
+	ParkedAt       time.Time
+	ParkKey        string
+	RecordSha256   []byte
+	Resolution     *string
+	RetryOutcome   *string
+	ResolvedBy     *string
+	ResolvedAt     *time.Time
+	ResolutionNote *string
+	Retries        int32
 }
 
 type ProcessedEvent struct {

@@ -94,11 +94,14 @@ SELECT pg_advisory_unlock(@lock_key::bigint);
 -- name: ProcessedEventCleanup :execrows
 -- Deletes one bounded batch of finished markers older than the TTL, oldest
 -- first, so a large backlog never becomes one long lock-holding statement.
+-- The cutoff uses now(), not clock_timestamp(): a volatile function cannot
+-- bound an index scan, and the run's last batch, which finds fewer rows
+-- than its limit, would walk the whole index and its heap to prove it.
 DELETE FROM processed_event
 WHERE event_id IN (
     SELECT p.event_id FROM processed_event p
     WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict')
-      AND p.processed_at < clock_timestamp() - make_interval(secs => @ttl_seconds::float8)
+      AND p.processed_at < now() - make_interval(secs => @ttl_seconds::float8)
     ORDER BY p.processed_at, p.event_id
     LIMIT @batch_size
 );
@@ -182,7 +185,68 @@ VALUES (@source, @partition, @record_offset, sqlc.narg('event_id'), @park_key, @
 ON CONFLICT (park_key, record_sha256) DO NOTHING;
 
 -- name: InboxParkedRecordCount :one
-SELECT count(*) FROM inbox_parked_record;
+-- Open parked records, from their partial index (inbox_parked_record_open_idx):
+-- resolved ones are history, not work.
+SELECT count(*) FROM inbox_parked_record WHERE resolution IS NULL OR resolution = 'still_failing';
 
 -- name: InboxParkedRecordList :many
 SELECT * FROM inbox_parked_record ORDER BY id LIMIT @row_limit;
+
+-- name: InboxParkedRecordListSummary :many
+-- Parked records for an operator, oldest first from a cursor, without their
+-- key, value and headers. Open ones only, unless include_resolved.
+SELECT id, source, partition, "offset", event_id, reason, parked_at,
+       resolution, retry_outcome, resolved_by, resolved_at, retries
+FROM inbox_parked_record
+WHERE id > @after_id
+  AND (@include_resolved::boolean OR resolution IS NULL OR resolution = 'still_failing')
+ORDER BY id
+LIMIT @row_limit;
+
+-- name: InboxParkedRecordGet :one
+SELECT * FROM inbox_parked_record WHERE id = @id;
+
+-- name: InboxRowHashSettings :exec
+-- Row hashes (sha256 of to_jsonb(row)) depend on how timestamps and bytes
+-- print; fixed for the rest of the transaction, so they do not depend on
+-- the session and anyone can recompute them.
+SELECT set_config('TimeZone', 'UTC', true), set_config('bytea_output', 'hex', true);
+
+-- name: InboxParkedRecordLock :one
+-- The record to retry, locked until the transaction ends (two retries of
+-- one record run one after the other), with the hash of the row.
+SELECT sqlc.embed(p), sha256(convert_to(to_jsonb(p)::text, 'UTF8'))::bytea AS row_sha256
+FROM inbox_parked_record p
+WHERE p.id = @id
+FOR UPDATE;
+
+-- name: InboxParkedRecordResolve :one
+-- Records what a retry did, and by whom. A record that still fails keeps
+-- its row, with the new reason.
+UPDATE inbox_parked_record p
+SET resolution      = @resolution::text,
+    retry_outcome   = sqlc.narg('retry_outcome')::text,
+    reason          = coalesce(left(sqlc.narg('new_reason')::text, 1024), p.reason),
+    resolved_by     = @resolved_by::text,
+    resolved_at     = clock_timestamp(),
+    resolution_note = left(@note::text, 1024),
+    retries         = p.retries + 1
+WHERE p.id = @id
+RETURNING sha256(convert_to(to_jsonb(p)::text, 'UTF8'))::bytea AS row_sha256;
+
+-- name: InboxHeldParkedList :many
+-- Held events parked (a resync could not place them, or their change
+-- failed), oldest first, without their payloads.
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+       event_time, park_reason, held_at, parked_at
+FROM inbox_held_event
+WHERE state = 'parked'
+ORDER BY parked_at, event_id
+LIMIT @row_limit;
+
+-- name: InboxConflictListAll :many
+-- Conflicts, oldest first, without their payloads.
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, existing_event_id, detected_at
+FROM inbox_conflict
+ORDER BY detected_at, event_id
+LIMIT @row_limit;

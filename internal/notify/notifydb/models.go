@@ -10,6 +10,18 @@ import (
 	"github.com/google/uuid"
 )
 
+type AdminAudit struct {
+	ID           int64
+	At           time.Time
+	Actor        string
+	Action       string
+	Target       string
+	Reason       string
+	BeforeSha256 []byte
+	AfterSha256  []byte
+	Detail       []byte
+}
+
 type EmailSend struct {
 	OperationKey     string
 	EventID          uuid.UUID

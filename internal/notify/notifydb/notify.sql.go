@@ -12,6 +12,88 @@ import (
 	"github.com/google/uuid"
 )
 
+const adminAuditInsert = `-- name: AdminAuditInsert :one
+INSERT INTO admin_audit (actor, action, target, reason, before_sha256, after_sha256, detail)
+VALUES ($1, $2, $3, $4, $5, $6, $7)
+RETURNING id, at
+`
+
+type AdminAuditInsertParams struct {
+	Actor        string
+	Action       string
+	Target       string
+	Reason       string
+	BeforeSha256 []byte
+	AfterSha256  []byte
+	Detail       []byte
+}
+
+type AdminAuditInsertRow struct {
+	ID int64
+	At time.Time
+}
+
+// One audited write, in the transaction of the change (admin_audit).
+func (q *Queries) AdminAuditInsert(ctx context.Context, arg AdminAuditInsertParams) (AdminAuditInsertRow, error) {
+	row := q.db.QueryRow(ctx, adminAuditInsert,
+		arg.Actor,
+		arg.Action,
+		arg.Target,
+		arg.Reason,
+		arg.BeforeSha256,
+		arg.AfterSha256,
+		arg.Detail,
+	)
+	var i AdminAuditInsertRow
+	err := row.Scan(&i.ID, &i.At)
+	return i, err
+}
+
+const adminAuditListForTarget = `-- name: AdminAuditListForTarget :many
+SELECT id, at, actor, action, target, reason, before_sha256, after_sha256, detail FROM admin_audit WHERE target = $1 ORDER BY id
+`
+
+func (q *Queries) AdminAuditListForTarget(ctx context.Context, target string) ([]AdminAudit, error) {
+	rows, err := q.db.Query(ctx, adminAuditListForTarget, target)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AdminAudit{}
+	for rows.Next() {
+		var i AdminAudit
+		if err := rows.Scan(
+			&i.ID,
+			&i.At,
+			&i.Actor,
+			&i.Action,
+			&i.Target,
+			&i.Reason,
+			&i.BeforeSha256,
+			&i.AfterSha256,
+			&i.Detail,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const adminRowHashSettings = `-- name: AdminRowHashSettings :exec
+SELECT set_config('TimeZone', 'UTC', true), set_config('bytea_output', 'hex', true)
+`
+
+// Row hashes (sha256 of to_jsonb(row)) depend on how timestamps and bytes
+// print; fixed for the rest of the transaction (see admin_audit).
+func (q *Queries) AdminRowHashSettings(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, adminRowHashSettings)
+	return err
+}
+
 const emailLedgerCleanupLock = `-- name: EmailLedgerCleanupLock :one
 SELECT pg_try_advisory_lock($1::bigint)
 `
@@ -108,7 +190,9 @@ DELETE FROM email_send
 WHERE operation_key IN (
     SELECT e.operation_key FROM email_send e
     WHERE e.state IN ('sent', 'skipped')
-      AND e.created_at < clock_timestamp() - make_interval(secs => $1::float8)
+      -- now(), not clock_timestamp(): see ProcessedEventCleanup in the
+      -- inbox's queries; a volatile cutoff cannot bound the index scan.
+      AND e.created_at < now() - make_interval(secs => $1::float8)
     ORDER BY e.created_at, e.operation_key
     LIMIT $2
 )
@@ -130,24 +214,69 @@ func (q *Queries) EmailSendCleanup(ctx context.Context, arg EmailSendCleanupPara
 	return result.RowsAffected(), nil
 }
 
-const emailSendCountByState = `-- name: EmailSendCountByState :many
-SELECT state, count(*) AS n FROM email_send GROUP BY state
+const emailSendCountOpen = `-- name: EmailSendCountOpen :many
+SELECT state, count(*) AS n FROM email_send
+WHERE state IN ('pending', 'sending', 'unknown', 'failed')
+GROUP BY state
 `
 
-type EmailSendCountByStateRow struct {
+type EmailSendCountOpenRow struct {
 	State string
 	N     int64
 }
 
-func (q *Queries) EmailSendCountByState(ctx context.Context) ([]EmailSendCountByStateRow, error) {
-	rows, err := q.db.Query(ctx, emailSendCountByState)
+// The ledger gauges' exact part: the states the sender or an operator still
+// has to act on, counted from their partial index (email_send_open_state_idx),
+// so a refresh reads the open rows only, never the whole ledger.
+func (q *Queries) EmailSendCountOpen(ctx context.Context) ([]EmailSendCountOpenRow, error) {
+	rows, err := q.db.Query(ctx, emailSendCountOpen)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []EmailSendCountByStateRow{}
+	items := []EmailSendCountOpenRow{}
 	for rows.Next() {
-		var i EmailSendCountByStateRow
+		var i EmailSendCountOpenRow
+		if err := rows.Scan(&i.State, &i.N); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const emailSendEstimateFinished = `-- name: EmailSendEstimateFinished :many
+SELECT v.state::text AS state, round(greatest(c.reltuples, 0) * s.most_common_freqs[v.i])::bigint AS n
+FROM pg_catalog.pg_class c
+JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
+JOIN pg_catalog.pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname AND s.attname = 'state'
+CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[]) WITH ORDINALITY AS v(state, i)
+WHERE c.oid = 'email_send'::regclass AND v.state IN ('sent', 'skipped')
+`
+
+type EmailSendEstimateFinishedRow struct {
+	State string
+	N     int64
+}
+
+// The finished states (sent, skipped) are nearly the whole ledger, and
+// counting them exactly every few seconds would read all of it: they are
+// estimated from the planner's statistics (the table's row estimate times
+// each state's frequency), which autovacuum's ANALYZE keeps current. No row
+// for a state before the first ANALYZE, or when it is too rare to be among
+// the column's most common values.
+func (q *Queries) EmailSendEstimateFinished(ctx context.Context) ([]EmailSendEstimateFinishedRow, error) {
+	rows, err := q.db.Query(ctx, emailSendEstimateFinished)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []EmailSendEstimateFinishedRow{}
+	for rows.Next() {
+		var i EmailSendEstimateFinishedRow
 		if err := rows.Scan(&i.State, &i.N); err != nil {
 			return nil, err
 		}
@@ -406,6 +535,56 @@ func (q *Queries) EmailSendListByState(ctx context.Context, arg EmailSendListByS
 		return nil, err
 	}
 	return items, nil
+}
+
+const emailSendLockForResolve = `-- name: EmailSendLockForResolve :one
+SELECT e.operation_key, e.event_id, e.message_id, e.order_id, e.event_type, e.recipient, e.subject, e.body, e.state, e.attempts, e.next_attempt_at, e.claim_token, e.claimed_by, e.sending_since, e.last_error_class, e.last_error, e.smtp_reply, e.created_at, e.sent_at, e.resolved_by, e.resolved_at, e.resolution, e.aggregate_version, e.event_time, e.skip_reason, e.traceparent, e.tracestate, sha256(convert_to(to_jsonb(e)::text, 'UTF8'))::bytea AS row_sha256
+FROM email_send e
+WHERE e.operation_key = $1
+FOR UPDATE
+`
+
+type EmailSendLockForResolveRow struct {
+	EmailSend EmailSend
+	RowSha256 []byte
+}
+
+// The row an operator resolves, locked until the transaction ends, with
+// the hash of the row.
+func (q *Queries) EmailSendLockForResolve(ctx context.Context, operationKey string) (EmailSendLockForResolveRow, error) {
+	row := q.db.QueryRow(ctx, emailSendLockForResolve, operationKey)
+	var i EmailSendLockForResolveRow
+	err := row.Scan(
+		&i.EmailSend.OperationKey,
+		&i.EmailSend.EventID,
+		&i.EmailSend.MessageID,
+		&i.EmailSend.OrderID,
+		&i.EmailSend.EventType,
+		&i.EmailSend.Recipient,
+		&i.EmailSend.Subject,
+		&i.EmailSend.Body,
+		&i.EmailSend.State,
+		&i.EmailSend.Attempts,
+		&i.EmailSend.NextAttemptAt,
+		&i.EmailSend.ClaimToken,
+		&i.EmailSend.ClaimedBy,
+		&i.EmailSend.SendingSince,
+		&i.EmailSend.LastErrorClass,
+		&i.EmailSend.LastError,
+		&i.EmailSend.SMTPReply,
+		&i.EmailSend.CreatedAt,
+		&i.EmailSend.SentAt,
+		&i.EmailSend.ResolvedBy,
+		&i.EmailSend.ResolvedAt,
+		&i.EmailSend.Resolution,
+		&i.EmailSend.AggregateVersion,
+		&i.EmailSend.EventTime,
+		&i.EmailSend.SkipReason,
+		&i.EmailSend.Traceparent,
+		&i.EmailSend.Tracestate,
+		&i.RowSha256,
+	)
+	return i, err
 }
 
 const emailSendMarkFailed = `-- name: EmailSendMarkFailed :execrows

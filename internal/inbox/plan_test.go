@@ -1,0 +1,157 @@
+package inbox_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/orders/internal/inbox"
+)
+
+// TestMaintenanceReadsLittle: the gauge refresh (every few seconds) and the
+// cleanup (every hour, on one instance) read the rows they are about, not
+// the tables. With 100,000 aggregates, 100,000 processed events and a long
+// resolved history of parked records, each statement they run is
+// re-run under EXPLAIN ANALYZE and the rows its scans of those tables
+// touch (returned plus filtered out) must stay small. A sequential scan, or
+// an index scan whose bound is a filter instead of an index condition (a
+// volatile clock_timestamp() in the cutoff), reads them all and fails.
+func TestMaintenanceReadsLittle(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `
+		INSERT INTO inbox_aggregate (aggregate_type, aggregate_id, last_version, gap_since, resync_after)
+		SELECT 'thing', g::text, 3,
+		       CASE WHEN g % 5000 = 0 THEN now() - interval '1 hour' END,
+		       CASE WHEN g % 5000 = 0 THEN now() + interval '1 hour' END
+		FROM generate_series(1, 100000) g;
+		INSERT INTO processed_event (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, outcome, processed_at)
+		SELECT gen_random_uuid(), 'thing', (g % 25000)::text, g / 25000 + 1, 'thing.step', 'applied', now() - (g || ' seconds')::interval
+		FROM generate_series(1, 100000) g;
+		INSERT INTO inbox_parked_record (source, partition, "offset", park_key, record_sha256, record_key, record_value, reason,
+		                                 resolution, resolved_by, resolved_at)
+		SELECT 't', 0, g, 'position:t/0@' || g, sha256(g::text::bytea), 'k', '{}', 'undecodable',
+		       CASE WHEN g > 50 THEN 'applied' END, CASE WHEN g > 50 THEN 'ops' END, CASE WHEN g > 50 THEN now() END
+		FROM generate_series(1, 20000) g;
+		ANALYZE inbox_aggregate; ANALYZE processed_event; ANALYZE inbox_parked_record;`)
+	require.NoError(t, err)
+
+	rec := &queryRecorder{}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = rec
+	traced, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(traced.Close)
+	ib, err := inbox.New(inbox.Config{Pool: traced, GapWindow: 30 * time.Second,
+		Apply: func(context.Context, pgx.Tx, inbox.Event) error { return nil }})
+	require.NoError(t, err)
+
+	st, err := ib.RefreshStats(ctx)
+	require.NoError(t, err)
+	require.Equal(t, inbox.Stats{GapsOverdue: 20, ParkedRecords: 50}, st, "resolved parked records are history, not counted")
+	n, err := ib.Cleanup(ctx, 30*24*time.Hour, 1000, 0)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing is older than the TTL")
+
+	big := []string{"inbox_aggregate", "processed_event", "inbox_parked_record"}
+	queries := rec.take()
+	require.GreaterOrEqual(t, len(queries), 4, "the refresh's three counts and the cleanup's batch")
+	for _, q := range queries {
+		if strings.Contains(q.sql, "advisory") {
+			continue // the cleanup's lock: no table, and not to be taken twice
+		}
+		read, plan := rowsRead(t, db.Pool, q, big)
+		t.Logf("%s\n%s", firstLine(q.sql), plan)
+		require.LessOrEqual(t, read, int64(1000), "%s reads %d rows of %v; plan:\n%s", firstLine(q.sql), read, big, plan)
+	}
+}
+
+// queryRecorder is a pgx tracer that keeps the statements a pool runs.
+type queryRecorder struct {
+	mu      sync.Mutex
+	queries []recordedQuery
+}
+
+type recordedQuery struct {
+	sql  string
+	args []any
+}
+
+func (r *queryRecorder) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.queries = append(r.queries, recordedQuery{sql: d.SQL, args: d.Args})
+	return ctx
+}
+
+func (r *queryRecorder) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *queryRecorder) take() []recordedQuery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.queries
+	r.queries = nil
+	return q
+}
+
+// rowsRead runs q under EXPLAIN ANALYZE in a transaction that is rolled
+// back, and adds up the rows that the scans of the named tables touched:
+// those they returned and those their filters threw away, over all loops.
+// It returns that sum and the plan as text, for the failure message.
+func rowsRead(t *testing.T, pool *pgxpool.Pool, q recordedQuery, tables []string) (int64, string) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var raw []byte
+	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q.sql, q.args...).Scan(&raw))
+	var doc []struct {
+		Plan planNode `json:"Plan"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &doc))
+	watched := map[string]bool{}
+	for _, tb := range tables {
+		watched[tb] = true
+	}
+	var sum int64
+	var text strings.Builder
+	var walk func(n planNode, depth int)
+	walk = func(n planNode, depth int) {
+		touched := (n.ActualRows + n.RemovedByFilter) * max(n.Loops, 1)
+		fmt.Fprintf(&text, "%s%s %s %s (rows %d, removed by filter %d)\n", strings.Repeat("  ", depth), n.Type, n.Relation, n.Index, n.ActualRows, n.RemovedByFilter)
+		if watched[n.Relation] && strings.Contains(n.Type, "Scan") {
+			sum += touched
+		}
+		for _, c := range n.Plans {
+			walk(c, depth+1)
+		}
+	}
+	walk(doc[0].Plan, 1)
+	return sum, text.String()
+}
+
+type planNode struct {
+	Type            string     `json:"Node Type"`
+	Relation        string     `json:"Relation Name"`
+	Index           string     `json:"Index Name"`
+	ActualRows      int64      `json:"Actual Rows"`
+	Loops           int64      `json:"Actual Loops"`
+	RemovedByFilter int64      `json:"Rows Removed by Filter"`
+	Plans           []planNode `json:"Plans"`
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	return s
+}

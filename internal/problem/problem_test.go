@@ -1,0 +1,38 @@
+package problem_test
+
+import (
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/orders/internal/problem"
+)
+
+// TestRoundTrip: what Write sends, Read gets back; a body that is not a
+// problem document still yields one, from the status.
+func TestRoundTrip(t *testing.T) {
+	t.Parallel()
+	rec := httptest.NewRecorder()
+	problem.Write(rec, problem.Problem{Status: http.StatusBadRequest, Type: "urn:x:validation", Detail: "bad",
+		Errors: []problem.FieldError{{Field: "reason", Message: "is required"}}})
+	res := rec.Result()
+	require.Equal(t, problem.MediaType, res.Header.Get("Content-Type"))
+	require.Equal(t, "no-store", res.Header.Get("Cache-Control"))
+	p := problem.Read(res)
+	require.Equal(t, &problem.Problem{Type: "urn:x:validation", Title: "Bad Request", Status: 400, Detail: "bad",
+		Errors: []problem.FieldError{{Field: "reason", Message: "is required"}}}, p)
+	var err error = p
+	var target *problem.Problem
+	require.True(t, errors.As(err, &target))
+	require.Equal(t, "400 Bad Request: bad; reason is required", err.Error())
+
+	rec = httptest.NewRecorder()
+	http.Error(rec, "upstream down", http.StatusBadGateway)
+	p = problem.Read(rec.Result())
+	require.Equal(t, 502, p.Status)
+	require.Equal(t, problem.TypeBlank, p.Type)
+	require.Contains(t, p.Detail, "upstream down")
+}
