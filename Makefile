@@ -36,9 +36,10 @@ lint: ## gofmt and go vet (and golangci-lint when installed; see .golangci.yaml)
 $(SQLC):
 	./scripts/install-sqlc.sh $(SQLC_VERSION)
 
-# Every sqlc configuration: the services' own, and the reusable packages'
-# (each owns its queries, migrations and generated code).
-SQLC_CONFIGS := sqlc.yaml internal/outbox/sqlc.yaml internal/inbox/sqlc.yaml
+# Every sqlc configuration: the services' own, the reusable packages'
+# (each owns its queries, migrations and generated code), and the example
+# service's.
+SQLC_CONFIGS := sqlc.yaml internal/outbox/sqlc.yaml internal/inbox/sqlc.yaml examples/invoices/sqlc.yaml
 
 .PHONY: sqlc
 sqlc: $(SQLC) ## Regenerate the sqlc code after changing queries or migrations.
