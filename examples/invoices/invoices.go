@@ -97,8 +97,11 @@ const (
 	DefaultProcessedEventTTL = 30 * 24 * time.Hour
 	DefaultBrokerRedelivery  = 7 * 24 * time.Hour
 	DefaultBackupRetention   = 14 * 24 * time.Hour
+	// DefaultOutboxRetention is how long delivered outbox rows stay
+	// (replays read them) before the cleanup archives them.
+	DefaultOutboxRetention = 7 * 24 * time.Hour
 	// DefaultMaintenanceInterval is how often the inbox's gauges are
-	// refreshed and its expired markers deleted.
+	// refreshed and expired rows deleted.
 	DefaultMaintenanceInterval = time.Minute
 )
 
@@ -141,8 +144,11 @@ type Config struct {
 	// BackupRetention is the age of the oldest backup the database may be
 	// restored from.
 	BackupRetention time.Duration
+	// OutboxRetention is how long a delivered outbox row stays before the
+	// cleanup moves its identity to outbox_archive and deletes it.
+	OutboxRetention time.Duration
 	// MaintenanceInterval is how often the inbox's gauges are refreshed and
-	// expired markers deleted.
+	// expired rows deleted.
 	MaintenanceInterval time.Duration
 
 	// Registerer receives the outbox's and the inbox's metrics; nil keeps
@@ -158,6 +164,7 @@ type Service struct {
 	q      *invoicesdb.Queries
 	writer *outbox.Writer
 	relay  *outbox.Relay
+	admin  *outbox.Admin // operations: the outbox's cleanup here
 	inbox  *inbox.Inbox
 	log    *slog.Logger
 	ran    atomic.Bool
@@ -176,6 +183,7 @@ func New(cfg Config) (*Service, error) {
 	cfg.ProcessedEventTTL = cmp.Or(cfg.ProcessedEventTTL, DefaultProcessedEventTTL)
 	cfg.BrokerRedelivery = cmp.Or(cfg.BrokerRedelivery, DefaultBrokerRedelivery)
 	cfg.BackupRetention = cmp.Or(cfg.BackupRetention, DefaultBackupRetention)
+	cfg.OutboxRetention = cmp.Or(cfg.OutboxRetention, DefaultOutboxRetention)
 	cfg.MaintenanceInterval = cmp.Or(cfg.MaintenanceInterval, DefaultMaintenanceInterval)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -208,7 +216,11 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("invoices: %w", err)
 	}
 
-	s := &Service{cfg: cfg, q: invoicesdb.New(cfg.Pool), writer: writer, relay: relay, log: cfg.Logger}
+	s := &Service{cfg: cfg, q: invoicesdb.New(cfg.Pool), writer: writer, relay: relay, log: cfg.Logger,
+		admin: outbox.NewAdmin(cfg.Pool, writer)}
+	if err := cfg.Registerer.Register(s.admin.Collector()); err != nil {
+		return nil, fmt.Errorf("invoices: %w", err)
+	}
 	s.inbox, err = inbox.New(inbox.Config{
 		Pool:  cfg.Pool,
 		Apply: s.apply,
@@ -392,6 +404,9 @@ func (s *Service) maintain(ctx context.Context) {
 		}
 		if _, err := s.inbox.Cleanup(ctx, s.cfg.ProcessedEventTTL, 1000, 100*time.Millisecond); err != nil && ctx.Err() == nil {
 			s.log.WarnContext(ctx, "clean up processed events", "error", err.Error())
+		}
+		if _, err := s.admin.Cleanup(ctx, outbox.Cleanup{Retention: s.cfg.OutboxRetention, BatchSize: 1000, Pause: 100 * time.Millisecond}); err != nil && ctx.Err() == nil {
+			s.log.WarnContext(ctx, "clean up delivered outbox rows", "error", err.Error())
 		}
 		select {
 		case <-ctx.Done():
