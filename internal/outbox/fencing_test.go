@@ -51,7 +51,7 @@ func TestFencing(t *testing.T) {
 			},
 		}
 	}))
-	<-staleAcked
+	recv(t, staleAcked, "the stale relay's send")
 	require.Eventually(t, func() bool {
 		return e.count(t, "lease_expires_at < now()") == 1
 	}, 5*time.Second, 10*time.Millisecond, "the stale relay's lease expires")
@@ -73,11 +73,11 @@ func TestFencing(t *testing.T) {
 			return nil
 		}}
 	}))
-	succClaim := <-succAcked
+	succClaim := recv(t, succAcked, "the successor's send")
 
 	// Now the stale relay wakes up and confirms.
 	close(staleGo)
-	require.Empty(t, <-staleDone, "the stale confirm matches no row")
+	require.Empty(t, recv(t, staleDone, "the stale relay's confirm"), "the stale confirm matches no row")
 	require.Equal(t, 1.0, metricValue(t, staleReg, "outbox_lost_confirms_total", map[string]string{"event_type": strictType}))
 
 	r := e.row(t, ev.ID)
@@ -136,7 +136,7 @@ func TestFencingRelease(t *testing.T) {
 			},
 		}
 	}))
-	<-staleFailed
+	recv(t, staleFailed, "the stale relay's failed send")
 	require.Eventually(t, func() bool {
 		return e.count(t, "lease_expires_at < now()") == 1
 	}, 5*time.Second, 10*time.Millisecond, "the stale relay's lease expires")
@@ -157,11 +157,11 @@ func TestFencingRelease(t *testing.T) {
 			return nil
 		}}
 	}))
-	succClaim := <-succAcked
+	succClaim := recv(t, succAcked, "the successor's send")
 
 	// The stale relay wakes up and records its failure.
 	close(staleGo)
-	<-staleDone
+	recv(t, staleDone, "the stale relay's confirm")
 	r := e.row(t, ev.ID)
 	require.Equal(t, "pending", r.State, "the stale relay did not park the successor's claim")
 	require.NotNil(t, r.LeaseToken)

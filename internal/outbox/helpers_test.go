@@ -145,6 +145,19 @@ func (rr *running) wait(t testing.TB) error {
 	}
 }
 
+// recv receives from ch, failing the test after 30s instead of hanging
+// until the suite's timeout when a regression never sends.
+func recv[T any](t testing.TB, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(30 * time.Second):
+		t.Fatalf("timed out after 30s waiting for %s", what)
+		panic("unreachable")
+	}
+}
+
 // event is a fixture factory: a valid strict event of aggregate agg at
 // version v, adjusted by opts.
 func event(agg string, v int64, opts ...func(*outbox.Event)) outbox.Event {

@@ -67,7 +67,7 @@ func TestGracefulShutdown(t *testing.T) {
 			return nil
 		}}
 	}))
-	<-claimed
+	recv(t, claimed, "the first claim")
 	stopping := time.Now()
 	require.NoError(t, first.stop(t))
 	require.Less(t, time.Since(stopping), 5*time.Second, "stopping waits for DrainTimeout, not for the 30s produce deadline")
