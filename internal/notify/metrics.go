@@ -52,6 +52,9 @@ type Metrics struct {
 	// ConsumeErrors counts failed attempts to process a record; each is
 	// retried (notifier_consume_errors_total).
 	ConsumeErrors prometheus.Counter
+	// CleanupDeleted counts rows the retention cleanup deleted, by table:
+	// processed_event and email_send (notifier_cleanup_deleted_total).
+	CleanupDeleted *prometheus.CounterVec
 }
 
 // NewMetrics creates and registers the notifier's metrics.
@@ -98,13 +101,19 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "notifier_consume_errors_total",
 			Help: "Failed attempts to process a record (each is retried).",
 		}),
+		CleanupDeleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "notifier_cleanup_deleted_total",
+			Help: "Rows deleted by the retention cleanup, by table (processed_event, email_send).",
+		}, []string{"table"}),
 	}
 	for _, c := range []prometheus.Collector{m.Emails, m.Resends, m.Ledger, m.UnknownPolicy, m.ConsumeLatency, m.ConsumerLag,
-		m.StalledPartitions, m.Degraded, m.PartitionsLost, m.ConsumeErrors} {
+		m.StalledPartitions, m.Degraded, m.PartitionsLost, m.ConsumeErrors, m.CleanupDeleted} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register notifier metrics: %w", err)
 		}
 	}
+	m.CleanupDeleted.WithLabelValues("processed_event")
+	m.CleanupDeleted.WithLabelValues("email_send")
 	for _, r := range []string{ResultSent, ResultTransient, ResultUnknown, ResultFailed, ResultSkipped} {
 		m.Emails.WithLabelValues(r)
 	}

@@ -182,12 +182,14 @@ func (s *Service) maintenanceLoop(ctx context.Context) {
 			s.refreshStats(ctx)
 		case <-cleanup.C:
 			n, err := s.Inbox.Cleanup(ctx, s.cfg.ProcessedEventTTL, s.cfg.CleanupBatch, s.cfg.CleanupPause)
+			s.Metrics.CleanupDeleted.WithLabelValues("processed_event").Add(float64(n))
 			if err != nil && ctx.Err() == nil {
 				s.log.ErrorContext(ctx, "processed_event cleanup failed", slog.String("error", err.Error()))
 			} else if n > 0 {
 				s.log.InfoContext(ctx, "processed_event cleanup", slog.Int64("deleted", n), slog.Duration("ttl", s.cfg.ProcessedEventTTL))
 			}
 			n, err = CleanupLedger(ctx, s.pool, s.cfg.ProcessedEventTTL, s.cfg.CleanupBatch, s.cfg.CleanupPause)
+			s.Metrics.CleanupDeleted.WithLabelValues("email_send").Add(float64(n))
 			if err != nil && ctx.Err() == nil {
 				s.log.ErrorContext(ctx, "email ledger cleanup failed", slog.String("error", err.Error()))
 			} else if n > 0 {
