@@ -190,7 +190,7 @@ func TestRunbookCommands(t *testing.T) {
 			env:   map[string]string{"ADMIN_API_TOKEN": "dev-ops2"},
 			check: func(t *testing.T, out string, _ map[string]string) { require.Contains(t, out, "approved by ops2") },
 		},
-		"replay-run": {check: func(t *testing.T, out string, _ map[string]string) { require.Contains(t, out, ": done") }},
+		"replay-run":   {check: func(t *testing.T, out string, _ map[string]string) { require.Contains(t, out, ": done") }},
 		"notifier-sql": {},
 		"notifier-parked": {
 			before: func(t *testing.T, env map[string]string) {
