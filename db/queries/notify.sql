@@ -154,25 +154,24 @@ WHERE operation_key = @operation_key AND state IN ('unknown', 'failed');
 
 -- name: EmailSendCountOpen :many
 -- The ledger gauges' exact part: the states the sender or an operator still
--- has to act on, counted from their partial index (email_send_open_state_idx),
--- so a refresh reads the open rows only, never the whole ledger.
+-- has to act on, and skipped, counted from their partial index
+-- (email_send_counted_state_idx), so a refresh reads these rows only, never
+-- the whole ledger.
 SELECT state, count(*) AS n FROM email_send
-WHERE state IN ('pending', 'sending', 'unknown', 'failed')
+WHERE state IN ('pending', 'sending', 'unknown', 'failed', 'skipped')
 GROUP BY state;
 
 -- name: EmailSendEstimateFinished :many
--- The finished states (sent, skipped) are nearly the whole ledger, and
--- counting them exactly every few seconds would read all of it: they are
--- estimated from the planner's statistics (the table's row estimate times
--- each state's frequency), which autovacuum's ANALYZE keeps current. No row
--- for a state before the first ANALYZE, or when it is too rare to be among
--- the column's most common values.
+-- Sent rows are nearly the whole ledger, and counting them exactly every few
+-- seconds would read all of it: they are estimated from the planner's
+-- statistics (the table's row estimate times the state's frequency), which
+-- autovacuum's ANALYZE keeps current. No row before the first ANALYZE.
 SELECT v.state::text AS state, round(greatest(c.reltuples, 0) * s.most_common_freqs[v.i])::bigint AS n
 FROM pg_catalog.pg_class c
 JOIN pg_catalog.pg_namespace ns ON ns.oid = c.relnamespace
 JOIN pg_catalog.pg_stats s ON s.schemaname = ns.nspname AND s.tablename = c.relname AND s.attname = 'state'
 CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[]) WITH ORDINALITY AS v(state, i)
-WHERE c.oid = 'email_send'::regclass AND v.state IN ('sent', 'skipped');
+WHERE c.oid = 'email_send'::regclass AND v.state = 'sent';
 
 -- name: EmailLedgerCleanupLock :one
 -- One ledger cleaner at a time, for the whole run (O6).

@@ -18,8 +18,8 @@ import (
 // seconds) and the ledger cleanup (every hour) read the rows they are about,
 // never the whole ledger. With 100,000 rows, nearly all sent, every
 // statement they run is re-run under EXPLAIN ANALYZE and the rows its scans
-// of email_send touch must stay small; the open states are exact and the
-// finished ones a close estimate.
+// of email_send touch must stay within the rows counted; the open states and
+// skipped are exact, sent a close estimate.
 func TestLedgerMaintenanceReadsLittle(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, migrations.Notifier()...)
@@ -41,11 +41,10 @@ func TestLedgerMaintenanceReadsLittle(t *testing.T) {
 	m, err := NewMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
 	require.NoError(t, RefreshLedgerStats(ctx, traced, m))
-	for state, want := range map[string]float64{StateUnknown: 100, StateFailed: 100, StatePending: 100, StateSending: 0} {
+	for state, want := range map[string]float64{StateUnknown: 100, StateFailed: 100, StatePending: 100, StateSending: 0, StateSkipped: 2_000} {
 		require.Equal(t, want, testutil.ToFloat64(m.Ledger.WithLabelValues(state)), "state %s is exact", state)
 	}
 	require.InEpsilon(t, 97_700, testutil.ToFloat64(m.Ledger.WithLabelValues(StateSent)), 0.05, "sent is an estimate")
-	require.InEpsilon(t, 1_900, testutil.ToFloat64(m.Ledger.WithLabelValues(StateSkipped)), 0.25, "skipped is an estimate")
 	n, err := CleanupLedger(ctx, traced, 30*24*time.Hour, 1000, 0)
 	require.NoError(t, err)
 	require.Zero(t, n, "nothing is older than the TTL")
@@ -58,6 +57,7 @@ func TestLedgerMaintenanceReadsLittle(t *testing.T) {
 		}
 		read, plan := pgtest.RowsRead(t, db.Pool, q, "email_send")
 		t.Log(plan)
-		require.LessOrEqual(t, read, int64(1000), "reads %d ledger rows:\n%s", read, plan)
+		// The 2,300 rows counted exactly, and not the 97,700 sent ones.
+		require.LessOrEqual(t, read, int64(2_500), "reads %d ledger rows:\n%s", read, plan)
 	}
 }
