@@ -21,6 +21,22 @@ SET email                  = EXCLUDED.email,
     updated_at             = clock_timestamp()
 WHERE order_projection.version < EXCLUDED.version;
 
+-- name: ProjectionReplace :exec
+-- Replaces the order's state whatever its version: a resync of an order
+-- whose history forked (inbox Snapshot.Rebase). What the lost history held
+-- goes, refunds included, since the orders API's view is the truth.
+INSERT INTO order_projection (order_id, email, status, currency, total_cents, version)
+VALUES (@order_id, @email, @status, sqlc.narg('currency'), sqlc.narg('total_cents'), @version)
+ON CONFLICT (order_id) DO UPDATE
+SET email                  = EXCLUDED.email,
+    status                 = EXCLUDED.status,
+    currency               = EXCLUDED.currency,
+    total_cents            = EXCLUDED.total_cents,
+    refund_requested_cents = NULL,
+    version                = EXCLUDED.version,
+    last_event_id          = NULL,
+    updated_at             = clock_timestamp();
+
 -- name: EmailSendInsert :one
 -- The email intent, written in the event's transaction, pending or, with a
 -- skip_reason, skipped. A second insert for the same operation key returns

@@ -20,7 +20,11 @@
 // covers, held or arriving later, are handed to Covered rather than
 // applied, so effects that belong to the event itself (a notification) are
 // not lost. A different event claiming an already-owned version is a
-// conflict: recorded for an operator, counted, never applied.
+// conflict: recorded for an operator, counted, never applied. It also means
+// the producer's history forked from the one applied here (a restore of
+// its database, typically): with a source of truth to ask, the aggregate's
+// later versions are held rather than applied on top of the lost history,
+// and a resync replaces the local state with the producer's.
 //
 // The package knows nothing about the business domain: the service passes
 // its business change and effects as functions in Config. Its public API:
@@ -151,6 +155,10 @@ type Result struct {
 	Parked []Event
 	// ExistingEventID is, for a conflict, the event that owns the version.
 	ExistingEventID uuid.UUID
+	// Diverged is set when the aggregate's history forked from the
+	// producer's (an earlier conflict): a later version is held until a
+	// resync from the source of truth, never applied on top.
+	Diverged bool
 	// LastVersion is the aggregate's applied version after processing.
 	LastVersion int64
 
@@ -288,6 +296,10 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event) (Result, error
 	}
 	res := Result{LastVersion: agg.LastVersion, event: e}
 	v, last := e.AggregateVersion, agg.LastVersion
+	// A conflict showed that the producer's history of this aggregate forked
+	// from the one applied here: its later versions wait for the resync
+	// instead of landing on top of the lost history.
+	res.Diverged = agg.DivergedAt != nil
 
 	switch {
 	case v <= last:
@@ -324,7 +336,7 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event) (Result, error
 		res.Outcome = Covered
 		return res, nil
 
-	case v == last+1:
+	case v == last+1 && !res.Diverged:
 		// A parked held event (a resync answered 404, or its change failed)
 		// still owns its version: a different event claiming it is a
 		// conflict to surface, not the next version to apply.
@@ -357,7 +369,7 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event) (Result, error
 		res.LastVersion = last
 		return res, nil
 
-	default: // a gap: versions last+1 .. v-1 are missing
+	default: // a gap (versions last+1 .. v-1 are missing), or a diverged aggregate
 		held, err := q.InboxHeldGetByVersion(ctx, inboxdb.InboxHeldGetByVersionParams{
 			AggregateType: e.AggregateType, AggregateID: e.AggregateID, AggregateVersion: v,
 		})
@@ -404,12 +416,18 @@ func (ib *Inbox) Observe(r Result) {
 		ib.metrics.Duplicates.WithLabelValues(e.Type).Inc()
 	case Conflict:
 		ib.metrics.Conflicts.WithLabelValues(e.Type).Inc()
-		ib.log.Warn("inbox conflict: another event owns this aggregate version; recorded, not applied",
-			append(e.LogAttrs(), slog.String("existing_event_id", r.ExistingEventID.String()))...)
+		msg := "inbox conflict: another event owns this aggregate version; recorded, not applied"
+		if r.Diverged {
+			msg += "; the aggregate is resynchronised from the source of truth, its later versions held until then"
+		}
+		ib.log.Warn(msg, append(e.LogAttrs(), slog.String("existing_event_id", r.ExistingEventID.String()))...)
 	case Held:
 		ib.metrics.Gaps.WithLabelValues(e.Type).Inc()
-		ib.log.Info("inbox gap: event held until the missing versions arrive",
-			append(e.LogAttrs(), slog.Int64("last_applied_version", r.LastVersion))...)
+		msg := "inbox gap: event held until the missing versions arrive"
+		if r.Diverged {
+			msg = "inbox: event held: its aggregate's history forked from the producer's (a conflict); it waits for the resync from the source of truth"
+		}
+		ib.log.Info(msg, append(e.LogAttrs(), slog.Int64("last_applied_version", r.LastVersion))...)
 	case Covered:
 		ib.metrics.Covered.WithLabelValues(e.Type).Inc()
 		ib.log.Info("inbox: event arrived after a resync snapshot covered its version; its state change is skipped",
@@ -440,6 +458,17 @@ func (ib *Inbox) conflict(ctx context.Context, tx pgx.Tx, q *inboxdb.Queries, e 
 		if err := ib.cfg.Rejected(ctx, tx, e, RejectConflict); err != nil {
 			return Result{}, fmt.Errorf("reject conflicting %s v%d: %w", e.Type, e.AggregateVersion, err)
 		}
+	}
+	// Two events for one version: the producer's history forked from the
+	// one applied here. With a source of truth to ask, the aggregate is
+	// resynchronised from it; until then its later versions are held.
+	if ib.cfg.Fetch != nil {
+		if err := q.InboxAggregateDiverge(ctx, inboxdb.InboxAggregateDivergeParams{
+			Version: e.AggregateVersion, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+		}); err != nil {
+			return Result{}, fmt.Errorf("mark diverged: %w", err)
+		}
+		res.Diverged = true
 	}
 	res.Outcome = Conflict
 	res.ExistingEventID = owner

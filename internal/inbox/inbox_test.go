@@ -448,9 +448,12 @@ func TestResyncDue(t *testing.T) {
 		require.Equal(t, []string{"covered:3", "covered:4", "covered:2"}, f.effects(t))
 		require.Equal(t, inbox.Duplicate, f.handle(t, late).Outcome, "covered once")
 		require.Equal(t, 1.0, counter(t, f.reg, "inbox_covered_total"))
-		// The late event now owns v2: another id at v2 is a conflict.
+		// The late event now owns v2: another id at v2 is a conflict, so the
+		// aggregate's history forked; v6 waits for a resync rather than
+		// landing on top, and follows the snapshot once it came.
 		require.Equal(t, inbox.Conflict, f.handle(t, event("a", 2)).Outcome)
-		require.Equal(t, inbox.Applied, f.handle(t, event("a", 6)).Outcome)
+		require.Equal(t, inbox.Held, f.handle(t, event("a", 6)).Outcome)
+		require.Len(t, resync(t, f), 1)
 		require.Equal(t, []int64{1, 6}, f.appliedVersions(t, "a"))
 	})
 
@@ -518,6 +521,114 @@ func TestResyncDue(t *testing.T) {
 		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'held'"))
 		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE resync_after > now()"))
 		requireStillOverdue(t, f)
+	})
+}
+
+// TestForkedHistory is what a restore of the producer's database looks
+// like to a consumer: the producer lost versions the consumer applied and
+// writes new events under the same versions. The first one is a conflict,
+// and from then on the aggregate is diverged: its later versions are held
+// instead of being applied on top of the lost history, and a resync makes
+// the producer's current state the local one. The lost history's events and
+// the conflicting ones stay duplicates afterwards, and the producer's next
+// version applies normally.
+func TestForkedHistory(t *testing.T) {
+	t.Parallel()
+	snapshotAt := func(v *int64) option {
+		return withSnapshots(func(_ context.Context, typ, id string) (inbox.Snapshot, error) {
+			return inbox.Snapshot{AggregateType: typ, AggregateID: id, Version: *v}, nil
+		})
+	}
+	resync := func(t *testing.T, f *fixture) {
+		t.Helper()
+		_, err := f.ib.ResyncDue(context.Background(), 10)
+		require.NoError(t, err)
+	}
+
+	// The producer was restored to v1; the consumer had applied v2.
+	t.Run("LaterVersionWaitsForTheResync", func(t *testing.T) {
+		t.Parallel()
+		source := int64(3)
+		f := setup(t, time.Hour, snapshotAt(&source))
+		lost := []inbox.Event{event("a", 1), event("a", 2)}
+		for _, e := range lost {
+			require.Equal(t, inbox.Applied, f.handle(t, e).Outcome)
+		}
+		newV2, newV3 := event("a", 2), event("a", 3)
+		res := f.handle(t, newV2)
+		require.Equal(t, inbox.Conflict, res.Outcome)
+		require.True(t, res.Diverged)
+		res = f.handle(t, newV3)
+		require.Equal(t, inbox.Held, res.Outcome, "not applied on top of the lost v2")
+		require.True(t, res.Diverged)
+		require.Equal(t, []int64{1, 2}, f.appliedVersions(t, "a"))
+
+		resync(t, f) // due at once, not after the gap window
+		require.Equal(t, []int64{3}, f.snaps, "the producer's state replaced the local one")
+		require.Equal(t, []string{"rejected:conflict:2", "covered:3"}, f.effects(t), "the held v3's own effects still run")
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM processed_event WHERE outcome = 'forked'"), "the lost v2")
+		require.Zero(t, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE diverged_at IS NOT NULL OR resync_after IS NOT NULL"))
+
+		require.Equal(t, inbox.Applied, f.handle(t, event("a", 4)).Outcome, "the producer's next version")
+		for _, e := range append(lost, newV2, newV3) {
+			require.Equal(t, inbox.Duplicate, f.handle(t, e).Outcome, "v%d again", e.AggregateVersion)
+		}
+		require.Equal(t, []int64{1, 2, 4}, f.appliedVersions(t, "a"))
+	})
+
+	// The lost history went further (v4) than the producer has come since
+	// (v2): the snapshot is below the lost history's version and still
+	// replaces it, because the producer reached the fork.
+	t.Run("SourceBelowTheLostHistory", func(t *testing.T) {
+		t.Parallel()
+		source := int64(2)
+		f := setup(t, time.Hour, snapshotAt(&source))
+		lost := []inbox.Event{event("a", 1), event("a", 2), event("a", 3), event("a", 4)}
+		for _, e := range lost {
+			f.handle(t, e)
+		}
+		require.Equal(t, inbox.Conflict, f.handle(t, event("a", 2)).Outcome)
+		resync(t, f)
+		require.Equal(t, []int64{2}, f.snaps)
+		require.Equal(t, 3, f.count(t, "SELECT count(*) FROM processed_event WHERE outcome = 'forked'"))
+		newV3 := event("a", 3)
+		require.Equal(t, inbox.Applied, f.handle(t, newV3).Outcome)
+		for _, e := range lost {
+			require.Equal(t, inbox.Duplicate, f.handle(t, e).Outcome, "lost v%d again", e.AggregateVersion)
+		}
+		require.Equal(t, inbox.Applied, f.handle(t, event("a", 4)).Outcome)
+		require.Equal(t, []int64{1, 2, 3, 4, 3, 4}, f.appliedVersions(t, "a"))
+	})
+
+	// A snapshot read from a replica that has not reached the fork yet is
+	// not taken: the aggregate stays diverged and the resync is retried.
+	t.Run("SnapshotBeforeTheForkIsStale", func(t *testing.T) {
+		t.Parallel()
+		source := int64(1)
+		f := setup(t, 50*time.Millisecond, snapshotAt(&source))
+		f.handle(t, event("a", 1))
+		f.handle(t, event("a", 2))
+		f.handle(t, event("a", 2))
+		resync(t, f)
+		require.Empty(t, f.snaps)
+		require.Equal(t, inbox.Held, f.handle(t, event("a", 3)).Outcome)
+		require.Equal(t, 1.0, testutil.ToFloat64(f.ib.Metrics().Resyncs.WithLabelValues(inbox.ResyncStale)))
+		source = 3
+		require.Eventually(t, func() bool { resync(t, f); return len(f.snaps) == 1 }, 5*time.Second, 20*time.Millisecond)
+		require.Equal(t, []int64{1, 2}, f.appliedVersions(t, "a"), "v3 covered by the snapshot")
+	})
+
+	// Without a source of truth to ask, a conflict is recorded and later
+	// versions apply as before: nothing could ever release them.
+	t.Run("NoSourceOfTruth", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t, time.Hour)
+		f.handle(t, event("a", 1))
+		f.handle(t, event("a", 2))
+		res := f.handle(t, event("a", 2))
+		require.Equal(t, inbox.Conflict, res.Outcome)
+		require.False(t, res.Diverged)
+		require.Equal(t, inbox.Applied, f.handle(t, event("a", 3)).Outcome)
 	})
 }
 

@@ -35,6 +35,12 @@ type Snapshot struct {
 	Version int64
 	// State is the domain's representation, passed to ApplySnapshot.
 	State any
+	// Rebase is set by the inbox, for ApplySnapshot, when the aggregate's
+	// history forked from the source's (a conflict): the snapshot then
+	// replaces local state even if its version is not ahead of it, since
+	// the local state belongs to a history the source no longer has.
+	// Otherwise a snapshot is always ahead of local state.
+	Rebase bool
 }
 
 // FetchFunc reads an aggregate from the source of truth. It runs outside
@@ -127,20 +133,45 @@ func (ib *Inbox) resyncOne(ctx context.Context, agg inboxdb.InboxAggregate) ([]E
 		if cur.ResyncAfter == nil {
 			return nil // the gap was filled while we were fetching
 		}
-		if snap.Version <= cur.LastVersion {
+		// A diverged aggregate's local state belongs to a history the
+		// producer no longer has: the snapshot replaces it, even at or below
+		// the version that history reached, as long as the source has
+		// reached the fork. Otherwise state never moves backwards.
+		diverged := cur.DivergedAt != nil && cur.DivergedFrom != nil
+		behind, floor := snap.Version <= cur.LastVersion, cur.LastVersion
+		if diverged {
+			behind, floor = snap.Version < *cur.DivergedFrom, *cur.DivergedFrom-1
+		}
+		if behind {
 			// The source is not ahead of us (a lagging read, or a restored
 			// backup). Applying it would move state backwards: keep holding.
 			stale = true
 			return q.InboxAggregateResyncFailed(ctx, inboxdb.InboxAggregateResyncFailedParams{
 				RetrySeconds:  ib.cfg.ResyncRetry.Seconds(),
-				LastError:     fmt.Sprintf("snapshot version %d is not ahead of applied version %d", snap.Version, cur.LastVersion),
+				LastError:     fmt.Sprintf("snapshot version %d is not ahead of version %d", snap.Version, floor),
 				AggregateType: agg.AggregateType, AggregateID: agg.AggregateID,
 			})
 		}
+		snap.Rebase = diverged
 		if err := ib.cfg.ApplySnapshot(ctx, tx, snap); err != nil {
 			return fmt.Errorf("apply snapshot v%d: %w", snap.Version, err)
 		}
-		if _, err := q.InboxAggregateAdvance(ctx, inboxdb.InboxAggregateAdvanceParams{
+		if diverged {
+			forked, err := q.ProcessedEventFork(ctx, inboxdb.ProcessedEventForkParams{
+				AggregateType: agg.AggregateType, AggregateID: agg.AggregateID, FromVersion: *cur.DivergedFrom,
+			})
+			if err != nil {
+				return fmt.Errorf("retire the forked history: %w", err)
+			}
+			if err := q.InboxAggregateRebase(ctx, inboxdb.InboxAggregateRebaseParams{
+				NewVersion: snap.Version, AggregateType: agg.AggregateType, AggregateID: agg.AggregateID,
+			}); err != nil {
+				return fmt.Errorf("rebase on the snapshot: %w", err)
+			}
+			log.Warn("inbox resync: a forked aggregate now follows the source of truth",
+				slog.Int64("fork_version", *cur.DivergedFrom), slog.Int64("snapshot_version", snap.Version),
+				slog.Int64("forked_events", forked))
+		} else if _, err := q.InboxAggregateAdvance(ctx, inboxdb.InboxAggregateAdvanceParams{
 			NewVersion: snap.Version, AggregateType: agg.AggregateType, AggregateID: agg.AggregateID,
 		}); err != nil {
 			return fmt.Errorf("advance to snapshot version: %w", err)

@@ -143,12 +143,23 @@ func (p *Projector) mailFor(e inbox.Event) (*emailIntent, error) {
 
 // ApplySnapshot replaces an order's projection with the orders API's view
 // during a resync. It writes no email: a snapshot is state, not an event.
+// For an order whose history forked (s.Rebase) the snapshot replaces the
+// projection whatever its version; otherwise it only moves it forward.
 func (p *Projector) ApplySnapshot(ctx context.Context, tx pgx.Tx, s inbox.Snapshot) error {
 	o, ok := s.State.(OrderSnapshot)
 	if !ok {
 		return fmt.Errorf("snapshot state is %T, want OrderSnapshot", s.State)
 	}
 	total := o.TotalCents
+	if s.Rebase {
+		if err := notifydb.New(tx).ProjectionReplace(ctx, notifydb.ProjectionReplaceParams{
+			OrderID: o.ID, Email: o.Email, Status: o.Status, Currency: nonEmpty(o.Currency),
+			TotalCents: &total, Version: s.Version,
+		}); err != nil {
+			return fmt.Errorf("replace forked projection: %w", err)
+		}
+		return nil
+	}
 	n, err := notifydb.New(tx).ProjectionUpsert(ctx, notifydb.ProjectionUpsertParams{
 		OrderID: o.ID, Email: o.Email, Status: o.Status, Currency: nonEmpty(o.Currency),
 		TotalCents: &total, Version: s.Version,

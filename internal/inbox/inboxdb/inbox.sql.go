@@ -77,6 +77,29 @@ func (q *Queries) InboxAggregateCloseGap(ctx context.Context, arg InboxAggregate
 	return err
 }
 
+const inboxAggregateDiverge = `-- name: InboxAggregateDiverge :exec
+UPDATE inbox_aggregate
+SET diverged_at   = coalesce(diverged_at, clock_timestamp()),
+    diverged_from = least(coalesce(diverged_from, $1::bigint), $1::bigint),
+    gap_since     = coalesce(gap_since, clock_timestamp()),
+    resync_after  = clock_timestamp(),
+    updated_at    = clock_timestamp()
+WHERE aggregate_type = $2 AND aggregate_id = $3
+`
+
+type InboxAggregateDivergeParams struct {
+	Version       int64
+	AggregateType string
+	AggregateID   string
+}
+
+// A conflict at @version: the producer's history forked at or before it.
+// Later versions are held from now on, and a resync is due at once.
+func (q *Queries) InboxAggregateDiverge(ctx context.Context, arg InboxAggregateDivergeParams) error {
+	_, err := q.db.Exec(ctx, inboxAggregateDiverge, arg.Version, arg.AggregateType, arg.AggregateID)
+	return err
+}
+
 const inboxAggregateEnsure = `-- name: InboxAggregateEnsure :exec
 INSERT INTO inbox_aggregate (aggregate_type, aggregate_id)
 VALUES ($1, $2)
@@ -96,7 +119,7 @@ func (q *Queries) InboxAggregateEnsure(ctx context.Context, arg InboxAggregateEn
 }
 
 const inboxAggregateLock = `-- name: InboxAggregateLock :one
-SELECT aggregate_type, aggregate_id, last_version, gap_since, resync_after, resync_attempts, last_resync_error, updated_at FROM inbox_aggregate
+SELECT aggregate_type, aggregate_id, last_version, gap_since, resync_after, resync_attempts, last_resync_error, updated_at, diverged_at, diverged_from FROM inbox_aggregate
 WHERE aggregate_type = $1 AND aggregate_id = $2
 FOR UPDATE
 `
@@ -119,6 +142,8 @@ func (q *Queries) InboxAggregateLock(ctx context.Context, arg InboxAggregateLock
 		&i.ResyncAttempts,
 		&i.LastResyncError,
 		&i.UpdatedAt,
+		&i.DivergedAt,
+		&i.DivergedFrom,
 	)
 	return i, err
 }
@@ -141,6 +166,25 @@ type InboxAggregateOpenGapParams struct {
 // the first held event, not the latest.
 func (q *Queries) InboxAggregateOpenGap(ctx context.Context, arg InboxAggregateOpenGapParams) error {
 	_, err := q.db.Exec(ctx, inboxAggregateOpenGap, arg.WindowSeconds, arg.AggregateType, arg.AggregateID)
+	return err
+}
+
+const inboxAggregateRebase = `-- name: InboxAggregateRebase :exec
+UPDATE inbox_aggregate
+SET last_version = $1, diverged_at = NULL, diverged_from = NULL, updated_at = clock_timestamp()
+WHERE aggregate_type = $2 AND aggregate_id = $3
+`
+
+type InboxAggregateRebaseParams struct {
+	NewVersion    int64
+	AggregateType string
+	AggregateID   string
+}
+
+// After a diverged aggregate's resync: local state is the snapshot's, at its
+// version, which may be below the version the lost history had reached.
+func (q *Queries) InboxAggregateRebase(ctx context.Context, arg InboxAggregateRebaseParams) error {
+	_, err := q.db.Exec(ctx, inboxAggregateRebase, arg.NewVersion, arg.AggregateType, arg.AggregateID)
 	return err
 }
 
@@ -288,7 +332,7 @@ func (q *Queries) InboxConflictListAll(ctx context.Context, rowLimit int32) ([]I
 }
 
 const inboxGapsDue = `-- name: InboxGapsDue :many
-SELECT aggregate_type, aggregate_id, last_version, gap_since, resync_after, resync_attempts, last_resync_error, updated_at FROM inbox_aggregate
+SELECT aggregate_type, aggregate_id, last_version, gap_since, resync_after, resync_attempts, last_resync_error, updated_at, diverged_at, diverged_from FROM inbox_aggregate
 WHERE resync_after <= clock_timestamp()
 ORDER BY resync_after
 LIMIT $1
@@ -313,6 +357,8 @@ func (q *Queries) InboxGapsDue(ctx context.Context, rowLimit int32) ([]InboxAggr
 			&i.ResyncAttempts,
 			&i.LastResyncError,
 			&i.UpdatedAt,
+			&i.DivergedAt,
+			&i.DivergedFrom,
 		); err != nil {
 			return nil, err
 		}
@@ -986,7 +1032,7 @@ const processedEventCleanup = `-- name: ProcessedEventCleanup :execrows
 DELETE FROM processed_event
 WHERE event_id IN (
     SELECT p.event_id FROM processed_event p
-    WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict')
+    WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict', 'forked')
       AND p.processed_at < now() - make_interval(secs => $1::float8)
     ORDER BY p.processed_at, p.event_id
     LIMIT $2
@@ -1005,6 +1051,30 @@ type ProcessedEventCleanupParams struct {
 // than its limit, would walk the whole index and its heap to prove it.
 func (q *Queries) ProcessedEventCleanup(ctx context.Context, arg ProcessedEventCleanupParams) (int64, error) {
 	result, err := q.db.Exec(ctx, processedEventCleanup, arg.TtlSeconds, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const processedEventFork = `-- name: ProcessedEventFork :execrows
+UPDATE processed_event
+SET outcome = 'forked'
+WHERE aggregate_type = $1 AND aggregate_id = $2
+  AND aggregate_version >= $3
+  AND outcome IN ('applied', 'superseded', 'covered')
+`
+
+type ProcessedEventForkParams struct {
+	AggregateType string
+	AggregateID   string
+	FromVersion   int64
+}
+
+// The events applied here from the lost history, from the fork point on,
+// stop owning their versions (they still deduplicate their event_ids).
+func (q *Queries) ProcessedEventFork(ctx context.Context, arg ProcessedEventForkParams) (int64, error) {
+	result, err := q.db.Exec(ctx, processedEventFork, arg.AggregateType, arg.AggregateID, arg.FromVersion)
 	if err != nil {
 		return 0, err
 	}

@@ -19,6 +19,8 @@ type InboxAggregate struct {
 	ResyncAttempts  int32
 	LastResyncError *string
 	UpdatedAt       time.Time
+	DivergedAt      *time.Time
+	DivergedFrom    *int64
 }
 
 type InboxConflict struct {

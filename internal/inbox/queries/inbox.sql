@@ -28,6 +28,33 @@ SET gap_since    = coalesce(gap_since, clock_timestamp()),
     updated_at   = clock_timestamp()
 WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
 
+-- name: InboxAggregateDiverge :exec
+-- A conflict at @version: the producer's history forked at or before it.
+-- Later versions are held from now on, and a resync is due at once.
+UPDATE inbox_aggregate
+SET diverged_at   = coalesce(diverged_at, clock_timestamp()),
+    diverged_from = least(coalesce(diverged_from, @version::bigint), @version::bigint),
+    gap_since     = coalesce(gap_since, clock_timestamp()),
+    resync_after  = clock_timestamp(),
+    updated_at    = clock_timestamp()
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
+
+-- name: InboxAggregateRebase :exec
+-- After a diverged aggregate's resync: local state is the snapshot's, at its
+-- version, which may be below the version the lost history had reached.
+UPDATE inbox_aggregate
+SET last_version = @new_version, diverged_at = NULL, diverged_from = NULL, updated_at = clock_timestamp()
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
+
+-- name: ProcessedEventFork :execrows
+-- The events applied here from the lost history, from the fork point on,
+-- stop owning their versions (they still deduplicate their event_ids).
+UPDATE processed_event
+SET outcome = 'forked'
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
+  AND aggregate_version >= @from_version
+  AND outcome IN ('applied', 'superseded', 'covered');
+
 -- name: InboxAggregateCloseGap :exec
 UPDATE inbox_aggregate
 SET gap_since = NULL, resync_after = NULL, resync_attempts = 0, last_resync_error = NULL,
@@ -100,7 +127,7 @@ SELECT pg_advisory_unlock(@lock_key::bigint);
 DELETE FROM processed_event
 WHERE event_id IN (
     SELECT p.event_id FROM processed_event p
-    WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict')
+    WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict', 'forked')
       AND p.processed_at < now() - make_interval(secs => @ttl_seconds::float8)
     ORDER BY p.processed_at, p.event_id
     LIMIT @batch_size

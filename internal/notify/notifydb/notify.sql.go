@@ -887,6 +887,44 @@ func (q *Queries) ProjectionGet(ctx context.Context, orderID uuid.UUID) (OrderPr
 	return i, err
 }
 
+const projectionReplace = `-- name: ProjectionReplace :exec
+INSERT INTO order_projection (order_id, email, status, currency, total_cents, version)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (order_id) DO UPDATE
+SET email                  = EXCLUDED.email,
+    status                 = EXCLUDED.status,
+    currency               = EXCLUDED.currency,
+    total_cents            = EXCLUDED.total_cents,
+    refund_requested_cents = NULL,
+    version                = EXCLUDED.version,
+    last_event_id          = NULL,
+    updated_at             = clock_timestamp()
+`
+
+type ProjectionReplaceParams struct {
+	OrderID    uuid.UUID
+	Email      string
+	Status     string
+	Currency   *string
+	TotalCents *int64
+	Version    int64
+}
+
+// Replaces the order's state whatever its version: a resync of an order
+// whose history forked (inbox Snapshot.Rebase). What the lost history held
+// goes, refunds included, since the orders API's view is the truth.
+func (q *Queries) ProjectionReplace(ctx context.Context, arg ProjectionReplaceParams) error {
+	_, err := q.db.Exec(ctx, projectionReplace,
+		arg.OrderID,
+		arg.Email,
+		arg.Status,
+		arg.Currency,
+		arg.TotalCents,
+		arg.Version,
+	)
+	return err
+}
+
 const projectionUpsert = `-- name: ProjectionUpsert :execrows
 INSERT INTO order_projection (order_id, email, status, currency, total_cents,
                               refund_requested_cents, version, last_event_id)
