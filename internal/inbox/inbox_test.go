@@ -695,7 +695,7 @@ func TestIsTransient(t *testing.T) {
 	t.Parallel()
 	for _, err := range []error{
 		&pgconn.PgError{Code: "57P01"}, &pgconn.PgError{Code: "40001"}, &pgconn.PgError{Code: "08006"},
-		context.DeadlineExceeded, fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "53300"}),
+		context.DeadlineExceeded, fmt.Errorf("begin: %w", context.Canceled), fmt.Errorf("wrapped: %w", &pgconn.PgError{Code: "53300"}),
 	} {
 		require.True(t, inbox.IsTransient(err), "%v", err)
 	}

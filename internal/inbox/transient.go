@@ -35,7 +35,10 @@ func IsTransient(err error) bool {
 		}
 		return pgErr.Code == "55P03" // lock_not_available
 	}
+	// A cancelled context is the consumer stopping (a shutdown, a revoked
+	// partition), never the event's fault: parking on it would park good
+	// records on every restart.
 	var netErr net.Error
-	return errors.As(err, &netErr) ||
+	return errors.As(err, &netErr) || errors.Is(err, context.Canceled) ||
 		errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || pgconn.SafeToRetry(err)
 }

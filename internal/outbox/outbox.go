@@ -101,7 +101,7 @@ type Event struct {
 	// Traceparent and Tracestate are the W3C trace context the event
 	// continues (L4); the relay's produce span is their child. Leave them
 	// empty, the usual case: Insert takes them from the span in its ctx
-	// (OpenTelemetry; in the order service, the API's server span), so a
+	// (OpenTelemetry; in an HTTP service, typically the server span), so a
 	// service does not thread trace headers through its commands. Set them
 	// only to carry a context the caller holds without OpenTelemetry, such
 	// as one read by hand from an incoming message: Insert then keeps them

@@ -54,7 +54,7 @@ type Config struct {
 	// one aggregate's events share a partition.
 	Topic string
 	// Source is the CloudEvents source attribute (ce_source), a
-	// URI-reference naming the producing service, e.g. "urn:outboxref:orders".
+	// URI-reference naming the producing service, e.g. "urn:example:billing".
 	Source string
 	// Types lists the event types this relay may send, with their
 	// ordering policy and JSON Schemas: usually the list the service's
