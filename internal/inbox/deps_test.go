@@ -14,9 +14,13 @@ import (
 // cloudevents package, which a consumer copies along).
 func TestSelfContained(t *testing.T) {
 	t.Parallel()
-	mod, err := exec.Command("go", "list", "-m").Output()
+	// The module of this package, not `go list -m`, which lists every
+	// module of a go.work workspace and would match nothing.
+	mod, err := exec.Command("go", "list", "-f", "{{.Module.Path}}", ".").Output()
 	require.NoError(t, err)
 	module := strings.TrimSpace(string(mod))
+	require.NotEmpty(t, module)
+	require.NotContains(t, module, "\n")
 	deps, err := exec.Command("go", "list", "-deps", "-test", "-f", "{{.ImportPath}}", ".").Output()
 	require.NoError(t, err)
 	allowed := []string{module + "/internal/inbox", module + "/internal/outbox/cloudevents"}

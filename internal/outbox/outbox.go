@@ -49,8 +49,26 @@
 //     line of their own.
 //   - EnsureTopic: creates the relay's topic in the background (O3).
 //   - NewStatsCollector, StatsCollector: the backlog metrics (O1).
+//     NewRelay registers one itself; register your own only in a process
+//     that runs no relay.
 //   - ErrorClass and its Class… values, ErrorClass.Parks: why a delivery
 //     failed, as stored in last_error_class and labelled in metrics.
+//   - NewAdmin, Admin, Actor: the operations, each write audited with its
+//     actor and reason (O4-O6): Stats, Parked, Event, Repair, Resume;
+//     PlanReplay, ReplayPlan, ApproveReplay, RunReplay with ReplayPolicy,
+//     Consumer and ReplayTarget; Cleanup (the retention, into
+//     outbox_archive); Collector; Handler and AdminHandlerConfig, the same
+//     as a JSON HTTP API.
+//
+// Migrating from publishing inside the transaction (O7):
+//   - PublishMode (ModeDirect, ModeShadow, ModeOutbox), ParsePublishMode:
+//     which path sends an event type's events, stored per row.
+//   - DirectPublisher, WriterOption, WithDirectPublisher: the legacy path
+//     the Writer calls for types in direct or shadow mode.
+//   - Admin.PublishModes, Admin.SetPublishMode, Admin.ShadowReport and
+//     ShadowReport, ShadowCount, ShadowDiff, ModeSetting: switching and
+//     what shadow mode found.
+//   - ErrInvalidPublishMode, ErrNoDirectPublisher, ErrDirectPublish.
 //
 // Tracing (L4): Insert stores the W3C trace context of the span in its
 // context with each row, and the relay sends each row in a produce span that
