@@ -15,7 +15,6 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/db/migrations"
-	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/outbox"
@@ -73,17 +72,11 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 		return err
 	}
 	cfg.print(stdout)
-	log := newLogger(stdout, cfg.LogLevel)
-	flushTraces, err := setupTracing(ctx, getenv, log, cfg.ShutdownTimeout)
+	log, stopDiagnostics, err := startDiagnostics(ctx, getenv, stdout, cfg.LogLevel, cfg.DebugAddr, cfg.ShutdownTimeout)
 	if err != nil {
 		return err
 	}
-	defer flushTraces()
-	debug, err := debugserver.Start(cfg.DebugAddr, log)
-	if err != nil {
-		return err
-	}
-	defer debug.Close()
+	defer stopDiagnostics()
 
 	pool, err := openPool(ctx, cfg.DatabaseURL)
 	if err != nil {

@@ -41,6 +41,29 @@ func newLogger(stdout io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(telemetry.LogHandler(slog.NewJSONHandler(stdout, &slog.HandlerOptions{Level: level})))
 }
 
+// startDiagnostics sets up what every long-running command has: the
+// logger at level, tracing from the OTEL_* variables, and the pprof
+// listener on debugAddr when set. The returned stop closes the listener and
+// flushes the traces, last, once the command has ended its spans.
+func startDiagnostics(ctx context.Context, getenv func(string) string, stdout io.Writer, level slog.Level,
+	debugAddr string, shutdownTimeout time.Duration,
+) (*slog.Logger, func(), error) {
+	log := newLogger(stdout, level)
+	flushTraces, err := setupTracing(ctx, getenv, log, shutdownTimeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	debug, err := debugserver.Start(debugAddr, log)
+	if err != nil {
+		flushTraces()
+		return nil, nil, err
+	}
+	return log, func() {
+		debug.Close()
+		flushTraces()
+	}, nil
+}
+
 // setupTracing installs tracing from the OTEL_* variables (off unless
 // OTEL_TRACES_EXPORTER is set) and returns the function that flushes it,
 // bounded by SHUTDOWN_TIMEOUT, for the caller to defer: it runs last, once
@@ -95,17 +118,11 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		return err
 	}
 	cfg.print(stdout)
-	log := newLogger(stdout, cfg.LogLevel)
-	flushTraces, err := setupTracing(ctx, getenv, log, cfg.ShutdownTimeout)
+	log, stopDiagnostics, err := startDiagnostics(ctx, getenv, stdout, cfg.LogLevel, cfg.DebugAddr, cfg.ShutdownTimeout)
 	if err != nil {
 		return err
 	}
-	defer flushTraces()
-	debug, err := debugserver.Start(cfg.DebugAddr, log)
-	if err != nil {
-		return err
-	}
-	defer debug.Close()
+	defer stopDiagnostics()
 
 	pool, err := openPool(ctx, cfg.DatabaseURL)
 	if err != nil {
