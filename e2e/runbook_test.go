@@ -134,6 +134,7 @@ func TestRunbookCommands(t *testing.T) {
 	ctx := context.Background()
 	c.traffic(t)
 
+	var dupsBeforeReplay float64
 	steps := map[string]runbookStep{
 		"backlog": {check: func(t *testing.T, out string, _ map[string]string) {
 			require.Regexp(t, `order\.placed\s+delivered\s+\d+`, out)
@@ -190,7 +191,31 @@ func TestRunbookCommands(t *testing.T) {
 			env:   map[string]string{"ADMIN_API_TOKEN": "dev-ops2"},
 			check: func(t *testing.T, out string, _ map[string]string) { require.Contains(t, out, "approved by ops2") },
 		},
-		"replay-run":   {check: func(t *testing.T, out string, _ map[string]string) { require.Contains(t, out, ": done") }},
+		"replay-run": {
+			before: func(t *testing.T, _ map[string]string) {
+				var err error
+				dupsBeforeReplay, err = scrapeMetric(notifierURL+"/metrics", "inbox_duplicates_total")
+				require.NoError(t, err)
+			},
+			check: func(t *testing.T, out string, env map[string]string) {
+				require.Contains(t, out, ": done")
+				// The notifier absorbs the replayed events: duplicates, and
+				// no email twice.
+				var replayed int
+				require.NoError(t, c.odb.Pool.QueryRow(ctx, "SELECT count(*) FROM outbox_replay_item WHERE plan_id = $1 AND state = 'published'",
+					env["PLAN_ID"]).Scan(&replayed))
+				require.Positive(t, replayed)
+				require.Eventually(t, func() bool {
+					dups, err := scrapeMetric(notifierURL+"/metrics", "inbox_duplicates_total")
+					return err == nil && dups >= dupsBeforeReplay+float64(replayed)
+				}, 30*time.Second, 100*time.Millisecond, "the notifier counts the %d replayed events as duplicates", replayed)
+				seen := map[string]bool{}
+				for _, m := range c.smtp.Received() {
+					require.False(t, seen[m.MessageID], "Message-ID %s sent twice", m.MessageID)
+					seen[m.MessageID] = true
+				}
+			},
+		},
 		"notifier-sql": {},
 		"notifier-parked": {
 			before: func(t *testing.T, env map[string]string) {
