@@ -1,6 +1,10 @@
 package outbox
 
-import "time"
+import (
+	"context"
+	"fmt"
+	"time"
+)
 
 // This file is compiled only into the package's own test binary. It gives
 // the external tests (package outbox_test) the relay's crash points and a
@@ -36,3 +40,25 @@ func Backoff(attempts int, base, max time.Duration) time.Duration {
 
 // BoundText exposes the last_error bound for its unit test.
 var BoundText = boundText
+
+// ClaimAndConfirm is one round of the relay's database work with no broker:
+// the relay's own claim, then its fenced confirm of every claimed row at
+// made-up broker positions. The drain benchmark compares the relay against
+// a loop of it, which is the most the relay could reach if sending cost
+// nothing. It returns how many rows the claim leased.
+func (r *Relay) ClaimAndConfirm(ctx context.Context) (int, error) {
+	batch, err := r.claim(ctx)
+	if err != nil || len(batch) == 0 {
+		return 0, err
+	}
+	outcomes := make([]outcome, len(batch))
+	for i := range batch {
+		outcomes[i].claim = batch[i].claim
+		outcomes[i].Partition, outcomes[i].Offset = int32(i%6), int64(i)
+	}
+	confirmed, err := r.settle(ctx, batch[0].LeaseToken, outcomes)
+	if err == nil && len(confirmed) != len(batch) {
+		err = fmt.Errorf("confirmed %d of %d claimed rows", len(confirmed), len(batch))
+	}
+	return len(batch), err
+}
