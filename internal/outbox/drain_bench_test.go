@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/orders/internal/outbox"
 )
@@ -24,8 +25,8 @@ import (
 //   - SQLLoop: the relay's own claim and fenced confirm, one after the other,
 //     with no broker: the ceiling for Relay;
 //   - Unordered: the same claim without the strict ordering guard, and a
-//     confirm by primary key without the lease fence: the ceiling for the
-//     claim statement itself.
+//     confirm by primary key without the lease fence, in transactions
+//     committed like the relay's: the ceiling for the claim statement.
 //
 // Relay/SQLLoop says what sending costs on top of the database work, and
 // SQLLoop/Unordered what strict ordering costs. N is 2,500 (5,000 events)
@@ -96,17 +97,24 @@ func BenchmarkBacklogDrain(b *testing.B) {
 			ctx := context.Background()
 			b.StartTimer()
 			for total := 0; total < events; {
-				ids, err := unorderedClaim(ctx, e, size)
+				var ids []uuid.UUID
+				err := relayTx(ctx, e, func(tx pgx.Tx) (err error) {
+					ids, err = unorderedClaim(ctx, tx, size)
+					return err
+				})
 				if err != nil {
 					b.Fatal(err)
 				}
 				if len(ids) == 0 {
 					b.Fatalf("nothing claimable after %d of %d events", total, events)
 				}
-				if _, err := e.db.Pool.Exec(ctx, `
-					UPDATE outbox SET state = 'delivered', delivered_at = now(),
-					       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
-					WHERE event_id = ANY ($1)`, ids); err != nil {
+				if err := relayTx(ctx, e, func(tx pgx.Tx) error {
+					_, err := tx.Exec(ctx, `
+						UPDATE outbox SET state = 'delivered', delivered_at = now(),
+						       lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
+						WHERE event_id = ANY ($1)`, ids)
+					return err
+				}); err != nil {
 					b.Fatal(err)
 				}
 				total += len(ids)
@@ -155,10 +163,22 @@ func insertBacklog(b *testing.B, e *env, aggregates int) {
 	}
 }
 
+// relayTx runs fn in a transaction committed the way the relay commits its
+// claims and confirms, so that Unordered differs from SQLLoop only in
+// the statements.
+func relayTx(ctx context.Context, e *env, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, e.db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
 // unorderedClaim leases up to size pending rows in due order with no
 // ordering guard: the relay's claim minus the strict check.
-func unorderedClaim(ctx context.Context, e *env, size int) ([]uuid.UUID, error) {
-	rows, err := e.db.Pool.Query(ctx, `
+func unorderedClaim(ctx context.Context, tx pgx.Tx, size int) ([]uuid.UUID, error) {
+	rows, err := tx.Query(ctx, `
 		WITH due AS (
 		    SELECT o.event_id FROM outbox o
 		    WHERE o.state = 'pending'

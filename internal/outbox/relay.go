@@ -228,6 +228,13 @@ func producerOptions(cfg Config) []kgo.Opt {
 		kgo.RecordDeliveryTimeout(max(cfg.ProduceTimeout, time.Second)),
 		kgo.ProduceRequestTimeout(max(cfg.ProduceTimeout, 100*time.Millisecond)),
 		kgo.ProducerBatchMaxBytes(int32(cfg.MaxMessageBytes)),
+		// No lingering. franz-go waits 10ms by default for more records
+		// to fill a partition's batch, which suits a stream of single
+		// sends. The relay hands over a whole claimed batch at once and
+		// then waits for every answer, so a linger only adds its length
+		// to every batch. Records that arrive while a request is in flight
+		// still go together into the next one.
+		kgo.ProducerLinger(0),
 		// The key picks the partition with Kafka's murmur2 hash, so every
 		// relay (and any Java producer) maps an aggregate to the same
 		// partition, which is what per-aggregate order needs.

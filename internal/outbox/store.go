@@ -26,7 +26,7 @@ func (r *Relay) claim(ctx context.Context) ([]leased, error) {
 	defer cancel()
 	token := uuid.New()
 	var batch []leased
-	err := inTx(cctx, r.cfg.Pool, func(tx pgx.Tx) error {
+	err := inRelayTx(cctx, r.cfg.Pool, func(tx pgx.Tx) error {
 		rows, err := outboxdb.New(tx).OutboxClaim(cctx, outboxdb.OutboxClaimParams{
 			LeaseOwner:       r.cfg.Owner,
 			LeaseToken:       token,
@@ -119,9 +119,11 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []outcome)
 	var errs []error
 	if len(confirm.EventIDs) > 0 {
 		var ids []uuid.UUID
-		err := retrySafe(ctx, func() (err error) {
-			ids, err = q.OutboxConfirm(ctx, confirm)
-			return err
+		err := retrySafe(ctx, func() error {
+			return inRelayTx(ctx, r.cfg.Pool, func(tx pgx.Tx) (err error) {
+				ids, err = outboxdb.New(tx).OutboxConfirm(ctx, confirm)
+				return err
+			})
 		})
 		if err != nil {
 			// The rows stay leased and are sent again after the lease
@@ -235,6 +237,30 @@ func inTx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) (err e
 		return fmt.Errorf("commit transaction: %w", err)
 	}
 	return nil
+}
+
+// inRelayTx is inTx for the relay's own claim and confirm transactions,
+// which commit without waiting for their WAL record to reach the disk
+// (synchronous_commit = off, for this transaction only). Waiting for the
+// flush is most of the time these short statements take, and what a
+// database crash can lose by not waiting is harmless here: the last
+// claims and confirms of the final fraction of a second. A lost claim
+// frees rows the relay may already be sending, and a lost confirm leaves
+// rows leased until the lease expires; either way the rows are sent again
+// with the same event_id, a duplicate that consumers absorb, and never a
+// loss. Order holds too: the WAL is written in order, so a claim that
+// survived the crash implies that every confirm committed before it
+// survived too, and a later version is never claimed while the earlier
+// one's delivery was forgotten. The business transaction that writes the
+// rows keeps the server's setting: an event that was acknowledged to the
+// caller must not vanish.
+func inRelayTx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	return inTx(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+			return fmt.Errorf("relax commit durability of the relay transaction: %w", err)
+		}
+		return fn(tx)
+	})
 }
 
 // retrySafe runs fn up to three times, but retries only errors that pgx
