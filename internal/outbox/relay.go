@@ -305,7 +305,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		if ctx.Err() != nil {
 			continue // stop claiming; the select above returns
 		}
-		n, err := r.cycle(ctx, cl)
+		again, err := r.drain(ctx, cl)
 		var he *hookError
 		if errors.As(err, &he) {
 			crashed = true
@@ -314,8 +314,8 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		next := r.cfg.PollInterval
 		if err != nil {
 			r.log.ErrorContext(ctx, "outbox relay cycle failed; retrying after the poll interval", "error", err)
-		} else if n == r.cfg.BatchSize {
-			next = 0 // a full batch: more rows are probably due
+		} else if again {
+			next = 0
 		}
 		wait.Reset(next)
 	}
@@ -330,21 +330,81 @@ type leased struct {
 	mode        PublishMode // the publish mode the row was written in (O7)
 }
 
-// cycle claims one batch, sends it and settles it. It returns how many rows
-// it claimed.
-func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
+// drain claims a batch and delivers it, and goes on while the batches come
+// back full, which means a backlog. It returns whether to claim again at
+// once rather than after the poll interval.
+//
+// Under a backlog the next batch is claimed while the previous one is with
+// the broker, so the database and the broker work at the same time instead
+// of taking turns; a batch's delivery still starts only once the previous
+// one is settled. At most two batches are leased at a time, and strict
+// order holds without any further care: the claim of the next batch sees
+// the rows in flight as leased, hence undelivered, and the strict guard
+// keeps the later versions of their aggregates out of it. Those versions
+// wait for a claim made after the confirm, which is why a claim that ran
+// beside a delivery asks to be followed at once by another.
+//
+// The batch claimed ahead keeps the produce deadline of its own claim
+// (R5a), so the time it waits for the previous batch comes out of its
+// sending time: a broker that stalls one batch also shortens the next
+// one's, and records that run out of time are retried after backoff like
+// any unanswered send. A healthy broker answers in milliseconds, far
+// inside the deadline.
+func (r *Relay) drain(ctx context.Context, cl *kgo.Client) (again bool, err error) {
 	start := time.Now()
-	batch, err := r.claim(ctx)
+	batch, n, err := r.prepare(ctx)
+	overlapped := false // the claim ran while a batch was being delivered
+	for {
+		if err != nil {
+			return false, err
+		}
+		if n == 0 {
+			return overlapped, nil
+		}
+		if n < r.cfg.BatchSize || ctx.Err() != nil {
+			// No backlog (or stopping): deliver this batch alone.
+			return overlapped, r.deliver(ctx, cl, start, batch)
+		}
+		delivered := make(chan error, 1)
+		go func(start time.Time, batch []leased) {
+			delivered <- r.deliver(ctx, cl, start, batch)
+		}(start, batch)
+		start = time.Now()
+		batch, n, err = r.prepare(ctx)
+		overlapped = true
+		if derr := <-delivered; derr != nil {
+			var he *hookError
+			if errors.As(derr, &he) {
+				return false, derr // a simulated crash: the next batch stays leased, as it would
+			}
+			// The batch claimed meanwhile is delivered all the same: its
+			// rows would otherwise wait for their lease to expire.
+			r.log.ErrorContext(ctx, "outbox relay cycle failed", "error", derr)
+		}
+	}
+}
+
+// prepare claims one batch and settles its shadow rows (O7). It returns
+// the rows to send and how many rows it claimed.
+func (r *Relay) prepare(ctx context.Context) (batch []leased, n int, err error) {
+	batch, err = r.claim(ctx)
 	r.rounds.Add(1)
 	if err != nil || len(batch) == 0 {
-		return 0, err
+		return nil, 0, err
 	}
+	n = len(batch)
 	if err := r.afterClaim(ctx, batch); err != nil {
-		return len(batch), err
+		return nil, n, err
 	}
-	n := len(batch)
-	if batch, err = r.shadow(ctx, batch); err != nil || len(batch) == 0 {
-		return n, err
+	batch, err = r.shadow(ctx, batch)
+	return batch, n, err
+}
+
+// deliver sends one claimed batch and settles it. start is when its claim
+// began, from which its produce deadline counts.
+func (r *Relay) deliver(ctx context.Context, cl *kgo.Client, start time.Time, batch []leased) error {
+	if len(batch) == 0 {
+		return nil // only shadow rows, settled already
 	}
 	ctx, span := r.startBatch(ctx, start, len(batch))
 	defer span.End()
@@ -355,7 +415,7 @@ func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
 	outcomes := r.publish(pctx, cl, batch)
 	done()
 	if err := r.afterProduce(ctx, outcomes); err != nil {
-		return n, err
+		return err
 	}
 
 	// Settling must happen even when ctx was cancelled meanwhile: it is
@@ -364,12 +424,9 @@ func (r *Relay) cycle(ctx context.Context, cl *kgo.Client) (int, error) {
 	defer cancel()
 	confirmed, err := r.settle(sctx, batch[0].LeaseToken, outcomes)
 	if err != nil {
-		return n, err
+		return err
 	}
-	if err := r.afterConfirm(ctx, confirmed); err != nil {
-		return n, err
-	}
-	return n, nil
+	return r.afterConfirm(ctx, confirmed)
 }
 
 // shadow compares and settles the claimed rows written in shadow mode,
