@@ -64,6 +64,7 @@ WITH due AS (
       AND o.next_attempt_at <= now()
       AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
       AND (o.event_type = ANY ($4::text[])
+           OR o.aggregate_version = 1
            OR NOT EXISTS (
                SELECT 1
                FROM outbox e
@@ -126,6 +127,10 @@ type OutboxClaimRow struct {
 // whatever the state of that earlier row: pending, leased by anyone (even
 // with an expired lease) or parked. Unknown types count as strict, the safe
 // side. At most one strict version per aggregate is in flight at any time.
+//
+// A version 1 has no earlier version (the column's CHECK), so it skips the
+// lookup: aggregates are often created and changed in quick succession, and
+// a claim may see as many first versions as later ones.
 //
 // Order is explicit (R6): due time, then age, then aggregate version. For
 // rows that never failed next_attempt_at is their insert time, so this is
