@@ -134,11 +134,17 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []outcome)
 			for _, id := range ids {
 				matched[id] = true
 			}
+			// The per-event line is built only when it is written: its
+			// attributes cost a handful of allocations per event, which
+			// adds up at thousands of events a second.
+			debug := r.log.Enabled(ctx, slog.LevelDebug)
 			for _, id := range confirm.EventIDs {
 				o := byID[id]
 				if matched[id] {
 					confirmed = append(confirmed, o.claim)
-					r.log.DebugContext(o.logContext(ctx), "outbox event delivered", outcomeAttrs(o)...)
+					if debug {
+						r.log.DebugContext(o.logContext(ctx), "outbox event delivered", outcomeAttrs(o)...)
+					}
 					continue
 				}
 				r.metrics.lostConfirms.WithLabelValues(o.EventType).Inc()
