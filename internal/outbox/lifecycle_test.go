@@ -237,3 +237,48 @@ func TestStatsCollectorRefreshesOnAnInterval(t *testing.T) {
 	require.Eventually(t, func() bool { return metricValue(t, reg, "outbox_pending_events", strict) == 2 },
 		5*time.Second, 20*time.Millisecond, "the next read sees the new row")
 }
+
+// TestGracefulShutdownWithBatchClaimedAhead (R9): under a backlog the relay
+// leases the next batch while the broker holds the current one. Stopping
+// during an outage waits one DrainTimeout for both batches' sends, not one
+// per batch, and releases both batches at once for a successor.
+func TestGracefulShutdownWithBatchClaimedAhead(t *testing.T) {
+	t.Parallel()
+	const (
+		batch = 5
+		drain = 3 * time.Second
+	)
+	e := setup(t)
+	outage := e.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.NotEnoughReplicas, Count: -1})
+	var evs []outbox.Event
+	for i := range 3 * batch {
+		evs = append(evs, event(fmt.Sprintf("agg-%d", i), 1))
+	}
+	e.insert(t, evs...)
+
+	first := start(t, e.relay(t, func(c *relayConfig) {
+		c.Owner = "first"
+		c.BatchSize = batch
+		c.Lease = time.Minute
+		c.DrainTimeout = drain
+	}))
+	require.Eventually(t, func() bool { return e.count(t, "lease_owner = 'first'") == 2*batch }, 5*time.Second, 5*time.Millisecond,
+		"one batch with the broker and the next one claimed ahead")
+	stopping := time.Now()
+	require.NoError(t, first.stop(t))
+	t.Logf("stopped in %s", time.Since(stopping))
+	// One DrainTimeout for the sends of both batches, and one for the
+	// client's final flush.
+	require.Less(t, time.Since(stopping), 2*drain+drain/4, "one DrainTimeout for both batches")
+
+	for _, r := range e.rows(t) {
+		require.Equal(t, "pending", r.State)
+		require.Nil(t, r.LeaseOwner, "no lease is left behind")
+	}
+	require.Equal(t, 2*batch, e.count(t, "last_error_class = 'shutdown'"))
+
+	outage.Remove()
+	start(t, e.relay(t, func(c *relayConfig) { c.Owner = "successor" }))
+	e.waitDelivered(t, 10*time.Second)
+	require.Len(t, ids(e.readAll(t)), len(evs))
+}

@@ -125,6 +125,9 @@ type Relay struct {
 	started atomic.Bool
 	broker  atomic.Pointer[string] // BrokerState's answer
 	rounds  atomic.Int64           // claims made, successful or not; for tests
+	// stopAt is when Run's context was cancelled: the drain timeout of
+	// every batch still to send counts from it (see produceContext).
+	stopAt atomic.Pointer[time.Time]
 }
 
 // defaultOwner returns a lease owner unique to this process start:
@@ -288,6 +291,12 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		}
 		cl.Close()
 	}()
+
+	stopWatch := context.AfterFunc(ctx, func() {
+		now := time.Now()
+		r.stopAt.Store(&now)
+	})
+	defer stopWatch()
 
 	r.log.InfoContext(ctx, "outbox relay started",
 		"topic", r.cfg.Topic, "batch_size", r.cfg.BatchSize, "lease", r.cfg.Lease.String(),
@@ -467,7 +476,15 @@ func (r *Relay) produceContext(ctx context.Context, deadline time.Time) (context
 	base, cancelDeadline := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	pctx, cancel := context.WithCancelCause(base)
 	stop := context.AfterFunc(ctx, func() {
-		t := time.NewTimer(r.cfg.DrainTimeout)
+		// DrainTimeout counts from the stop, not from this batch's turn:
+		// a batch claimed ahead (see drain) that is sent after the stop
+		// gets what is left of it, so the sends of every batch end within
+		// one DrainTimeout of the stop.
+		wait := r.cfg.DrainTimeout
+		if at := r.stopAt.Load(); at != nil {
+			wait = time.Until(at.Add(r.cfg.DrainTimeout))
+		}
+		t := time.NewTimer(wait)
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -577,6 +594,14 @@ func (r *Relay) produce(pctx context.Context, cl *kgo.Client, recs []*kgo.Record
 	}
 	for _, i := range idx {
 		outcomes[i].Err, outcomes[i].Class = nil, ""
+		if pctx.Err() != nil {
+			// Out of time before the send (a stop, or a batch claimed
+			// ahead whose time went to the one before it): the record is
+			// not handed to the client, which would keep it buffered and
+			// could still deliver it after its row was released. It is
+			// counted below as unanswered.
+			continue
+		}
 		r.metrics.attempts.WithLabelValues(outcomes[i].EventType).Inc()
 		cl.Produce(pctx, recs[i], func(rec *kgo.Record, err error) {
 			mu.Lock()
