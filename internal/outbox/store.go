@@ -247,10 +247,11 @@ func inTx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) (err e
 
 // inRelayTx is inTx for the relay's own claim and confirm transactions,
 // which commit without waiting for their WAL record to reach the disk
-// (synchronous_commit = off, for this transaction only). Waiting for the
-// flush is most of the time these short statements take, and what a
-// database crash can lose by not waiting is harmless here: the last
-// claims and confirms of the final fraction of a second. A lost claim
+// (synchronous_commit = off, for this transaction only, which also skips
+// waiting for synchronous standbys). Waiting for the flush is most of the
+// time these short statements take, and what a database crash or a
+// failover can lose by not waiting is harmless here: the last claims and
+// confirms of the final fraction of a second. A lost claim
 // frees rows the relay may already be sending, and a lost confirm leaves
 // rows leased until the lease expires; either way the rows are sent again
 // with the same event_id, a duplicate that consumers absorb, and never a
