@@ -2,11 +2,15 @@ package outbox
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/outboxref/orders/internal/outbox/outboxdb"
 )
 
 // benchLeased is one claimed row as the drain benchmark writes them, with
@@ -57,5 +61,28 @@ func BenchmarkRecord(b *testing.B) {
 		rec, span := r.record(ctx, &l)
 		span.End()
 		_ = rec
+	}
+}
+
+// BenchmarkLeasedBatch is the relay's handling of one claimed batch of the
+// default size before anything is sent: the rows become the batch, put
+// back in claim order (RETURNING shuffles them).
+func BenchmarkLeasedBatch(b *testing.B) {
+	token := uuid.New()
+	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	base := time.Now()
+	rows := make([]outboxdb.OutboxClaimRow, DefaultBatchSize)
+	for i := range rows {
+		at := base.Add(time.Duration(i) * time.Microsecond)
+		rows[i] = outboxdb.OutboxClaimRow{
+			EventID: uuid.New(), AggregateType: "test", AggregateID: fmt.Sprintf("agg-%d", i),
+			AggregateVersion: 1, EventType: "test.strict", SchemaVersion: 1, Payload: []byte(`{"n": 1}`),
+			Traceparent: &tp, CreatedAt: at, NextAttemptAt: at, LeaseExpiresAt: base.Add(time.Minute),
+			PublishMode: string(ModeOutbox),
+		}
+	}
+	rand.Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
+	for b.Loop() {
+		_ = leasedBatch(rows, token)
 	}
 }

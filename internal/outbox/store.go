@@ -37,39 +37,7 @@ func (r *Relay) claim(ctx context.Context) ([]leased, error) {
 		if err != nil {
 			return fmt.Errorf("claim outbox batch: %w", err)
 		}
-		batch = make([]leased, len(rows))
-		for i, row := range rows {
-			batch[i] = leased{
-				claim: claim{
-					EventID:          row.EventID,
-					AggregateType:    row.AggregateType,
-					AggregateID:      row.AggregateID,
-					AggregateVersion: row.AggregateVersion,
-					EventType:        row.EventType,
-					SchemaVersion:    int(row.SchemaVersion),
-					CreatedAt:        row.CreatedAt,
-					Attempts:         int(row.Attempts),
-					NextAttemptAt:    row.NextAttemptAt,
-					LeaseToken:       token,
-					LeaseExpiresAt:   row.LeaseExpiresAt,
-				},
-				payload: row.Payload,
-				mode:    PublishMode(row.PublishMode),
-			}
-			if row.Traceparent != nil {
-				batch[i].traceparent = *row.Traceparent
-			}
-			if row.Tracestate != nil {
-				batch[i].tracestate = *row.Tracestate
-			}
-		}
-		// RETURNING does not keep the claim order; restore it so that rows
-		// reach the producer, and so each partition, in that order.
-		slices.SortFunc(batch, func(a, b leased) int {
-			return cmp.Or(a.NextAttemptAt.Compare(b.NextAttemptAt),
-				a.CreatedAt.Compare(b.CreatedAt),
-				cmp.Compare(a.AggregateVersion, b.AggregateVersion))
-		})
+		batch = leasedBatch(rows, token)
 		if len(batch) == 0 {
 			return nil
 		}
@@ -79,6 +47,45 @@ func (r *Relay) claim(ctx context.Context) ([]leased, error) {
 		return nil, err
 	}
 	return batch, nil
+}
+
+// leasedBatch turns the rows a claim returned into the batch to send, in
+// claim order.
+func leasedBatch(rows []outboxdb.OutboxClaimRow, token uuid.UUID) []leased {
+	batch := make([]leased, len(rows))
+	for i, row := range rows {
+		batch[i] = leased{
+			claim: claim{
+				EventID:          row.EventID,
+				AggregateType:    row.AggregateType,
+				AggregateID:      row.AggregateID,
+				AggregateVersion: row.AggregateVersion,
+				EventType:        row.EventType,
+				SchemaVersion:    int(row.SchemaVersion),
+				CreatedAt:        row.CreatedAt,
+				Attempts:         int(row.Attempts),
+				NextAttemptAt:    row.NextAttemptAt,
+				LeaseToken:       token,
+				LeaseExpiresAt:   row.LeaseExpiresAt,
+			},
+			payload: row.Payload,
+			mode:    PublishMode(row.PublishMode),
+		}
+		if row.Traceparent != nil {
+			batch[i].traceparent = *row.Traceparent
+		}
+		if row.Tracestate != nil {
+			batch[i].tracestate = *row.Tracestate
+		}
+	}
+	// RETURNING does not keep the claim order; restore it so that rows
+	// reach the producer, and so each partition, in that order.
+	slices.SortFunc(batch, func(a, b leased) int {
+		return cmp.Or(a.NextAttemptAt.Compare(b.NextAttemptAt),
+			a.CreatedAt.Compare(b.CreatedAt),
+			cmp.Compare(a.AggregateVersion, b.AggregateVersion))
+	})
+	return batch
 }
 
 // settle writes the outcome of one batch: a fenced confirm of every
