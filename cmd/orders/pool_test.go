@@ -31,4 +31,3 @@ func TestPoolSize(t *testing.T) {
 		pool.Close()
 	}
 }
-
