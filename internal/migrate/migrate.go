@@ -37,6 +37,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/database"
@@ -444,9 +445,9 @@ func refuseOldLayout(ctx context.Context, db *sql.DB) error {
 }
 
 func openDB(databaseURL string) (*sql.DB, error) {
-	cfg, err := pgx.ParseConfig(databaseURL)
+	cfg, err := connConfig(databaseURL)
 	if err != nil {
-		return nil, fmt.Errorf("parse database url: %w", err)
+		return nil, err
 	}
 	db := stdlib.OpenDB(*cfg)
 	db.SetMaxOpenConns(4) // the lock's session, goose's, and a spare
@@ -457,9 +458,9 @@ func openDB(databaseURL string) (*sql.DB, error) {
 // exist, connecting to the "postgres" maintenance database with the same
 // credentials.
 func EnsureDatabase(ctx context.Context, databaseURL string) error {
-	cfg, err := pgx.ParseConfig(databaseURL)
+	cfg, err := connConfig(databaseURL)
 	if err != nil {
-		return fmt.Errorf("parse database url: %w", err)
+		return err
 	}
 	name := cfg.Database
 	if name == "" || name == "postgres" {
@@ -490,4 +491,16 @@ func EnsureDatabase(ctx context.Context, databaseURL string) error {
 		return fmt.Errorf("create database %q: %w", name, err)
 	}
 	return nil
+}
+
+// connConfig parses a database URL the way the services' pools do, so the
+// URL a service runs with also migrates: pgxpool's own settings, such as
+// pool_max_conns, are accepted and left out of the single connections
+// made here (PostgreSQL would refuse them as unknown parameters).
+func connConfig(databaseURL string) (*pgx.ConnConfig, error) {
+	cfg, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("parse database url: %w", err)
+	}
+	return cfg.ConnConfig, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"io/fs"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -184,4 +185,22 @@ func TestLineNameValidated(t *testing.T) {
 	t.Parallel()
 	_, err := migrate.Status(context.Background(), pgtest.ServerURL(), migrate.Line{Name: "Bad-Name", FS: fstest.MapFS{}})
 	require.ErrorContains(t, err, `migration line name "Bad-Name"`)
+}
+
+// TestPoolSettingsInURL: the URL a service's pool runs with, including
+// pgxpool's own settings, also migrates and reports status.
+func TestPoolSettingsInURL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := scratch(t)
+	if strings.Contains(dbURL, "?") {
+		dbURL += "&pool_max_conns=7"
+	} else {
+		dbURL += "?pool_max_conns=7"
+	}
+	_, err := migrate.Up(ctx, dbURL, migrations.Orders()...)
+	require.NoError(t, err)
+	st, err := migrate.Status(ctx, dbURL, migrations.Orders()...)
+	require.NoError(t, err)
+	require.NotEmpty(t, st)
 }

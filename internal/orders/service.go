@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"reflect"
 	"strings"
 	"time"
 
@@ -30,7 +31,9 @@ type Service struct {
 	nudge  func()
 	direct outbox.DirectPublisher // the legacy path, for types in direct or shadow publish mode (O7)
 	// afterWrite runs inside the transaction after the business write and
-	// before the outbox insert. Tests use it to inject a failure there (V1).
+	// before the outbox insert (for Place, whose statements go in one
+	// round trip, after all of them and before COMMIT). Tests use it to
+	// inject a failure there (V1).
 	afterWrite func(ctx context.Context, tx pgx.Tx, command string) error
 }
 
@@ -98,39 +101,60 @@ func (s *Service) Place(ctx context.Context, p auth.Principal, cmd PlaceOrder) (
 	if err != nil {
 		return Order{}, false, fmt.Errorf("generate order id: %w", err)
 	}
-	var events []outbox.Event
-	err = s.inTx(ctx, func(tx pgx.Tx, q *ordersdb.Queries) error {
-		var total int64
-		lp := ordersdb.OrderLinesInsertParams{OrderID: id}
-		for i, l := range in.Items {
-			total += *l.Quantity * *l.UnitPriceCents
-			lp.LineNos = append(lp.LineNos, int32(i+1))
-			lp.SKUs = append(lp.SKUs, l.SKU)
-			lp.Quantities = append(lp.Quantities, int32(*l.Quantity))
-			lp.UnitPricesCents = append(lp.UnitPricesCents, *l.UnitPriceCents)
-		}
-		row, err := q.OrderInsert(ctx, ordersdb.OrderInsertParams{
-			ID: id, Customer: p.Subject, Email: in.Email, Currency: in.Currency, TotalCents: total, Now: s.now(),
-		})
+	// The order as this transaction writes it: every value is known before
+	// the statements run (the time is cut to PostgreSQL's microseconds), so
+	// its events can be built first and everything sent in one round trip.
+	now := s.now().UTC().Truncate(time.Microsecond)
+	o = Order{ID: id, Customer: p.Subject, Email: in.Email, Currency: in.Currency, Status: StatusPlaced,
+		Version: 1, CreatedAt: now, UpdatedAt: now, Items: make([]Line, len(in.Items))}
+	lp := ordersdb.OrderLinesInsertParams{OrderID: id}
+	for i, l := range in.Items {
+		o.TotalCents += *l.Quantity * *l.UnitPriceCents
+		o.Items[i] = Line{SKU: l.SKU, Quantity: int32(*l.Quantity), UnitPriceCents: *l.UnitPriceCents} // bounded by Validate
+		lp.LineNos = append(lp.LineNos, int32(i+1))
+		lp.SKUs = append(lp.SKUs, l.SKU)
+		lp.Quantities = append(lp.Quantities, int32(*l.Quantity))
+		lp.UnitPricesCents = append(lp.UnitPricesCents, *l.UnitPriceCents)
+	}
+	events, err := toEvents(cmd.emits(), o)
+	if err != nil {
+		s.logFailure(ctx, placeCommand, id, err)
+		return Order{}, false, err
+	}
+	err = s.inTx(ctx, func(tx pgx.Tx, _ *ordersdb.Queries) error {
+		// BEGIN, this batch and COMMIT: three round trips where one per
+		// statement would take five, or six with an idempotency key. Statements of a batch run in order; the
+		// first that fails aborts the transaction and its error is returned.
+		b := &pgx.Batch{}
+		var row ordersdb.Order
+		var lines []ordersdb.OrderLine
+		ordersdb.QueueOrderInsert(b, ordersdb.OrderInsertParams{
+			ID: id, Customer: p.Subject, Email: in.Email, Currency: in.Currency, TotalCents: o.TotalCents, Now: now,
+		}, &row)
+		ordersdb.QueueOrderLinesInsert(b, lp, &lines)
+		inserted, err := s.writer.Queue(ctx, b, events)
 		if err != nil {
-			return fmt.Errorf("insert order: %w", err)
-		}
-		lines, err := q.OrderLinesInsert(ctx, lp)
-		if err != nil {
-			return fmt.Errorf("insert order lines: %w", err)
-		}
-		o = toOrder(row, lines)
-		if events, err = s.recordEvents(ctx, tx, placeCommand, cmd.emits(), o); err != nil {
-			return err
+			return eventsRefused(placeCommand, err)
 		}
 		if key != "" {
-			if err := q.IdempotencyKeyInsert(ctx, ordersdb.IdempotencyKeyInsertParams{
+			ordersdb.QueueIdempotencyKeyInsert(b, ordersdb.IdempotencyKeyInsertParams{
 				Customer: p.Subject, Key: key, RequestHash: fp, OrderID: id,
-			}); err != nil {
-				return fmt.Errorf("record idempotency key: %w", err)
+			})
+		}
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("insert order, lines and events: %w", err)
+		}
+		// The events were built from o; the payload must hold only what
+		// commits (W5), so o must be exactly the row stored.
+		if stored := toOrder(row, lines); !reflect.DeepEqual(stored, o) {
+			return fmt.Errorf("the stored order differs from the one its events were built from: stored %+v, built %+v", stored, o)
+		}
+		if s.afterWrite != nil {
+			if err := s.afterWrite(ctx, tx, placeCommand); err != nil {
+				return err
 			}
 		}
-		return nil
+		return inserted(ctx, tx)
 	})
 	if key != "" && isUniqueViolation(err, "idempotency_keys_pkey") {
 		// A concurrent request with the same key committed first; this
@@ -325,14 +349,19 @@ func (s *Service) recordEvents(ctx context.Context, tx pgx.Tx, command string, e
 		return nil, err
 	}
 	if err := s.writer.Insert(ctx, tx, events); err != nil {
-		if errors.Is(err, outbox.ErrPayloadTooLarge) {
-			return nil, fmt.Errorf("%w: %w", ErrEventTooLarge, err)
-		}
-		// Any other refusal is a defect in the order events, not in the
-		// request: it answers 500, and nothing was written.
-		return nil, fmt.Errorf("record %s events: %w", command, err)
+		return nil, eventsRefused(command, err)
 	}
 	return events, nil
+}
+
+// eventsRefused names the outbox's refusal of a command's events.
+func eventsRefused(command string, err error) error {
+	if errors.Is(err, outbox.ErrPayloadTooLarge) {
+		return fmt.Errorf("%w: %w", ErrEventTooLarge, err)
+	}
+	// Any other refusal is a defect in the order events, not in the
+	// request: it answers 500, and nothing was written.
+	return fmt.Errorf("record %s events: %w", command, err)
 }
 
 // committed runs after a successful commit: the events are durable in the

@@ -174,21 +174,25 @@ func TestConnectionLostBeforeCommit(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
 	ctx := context.Background()
+	o, _, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput()})
+	require.NoError(t, err)
 	f.svc.afterWrite = func(ctx context.Context, tx pgx.Tx, _ string) error {
 		_, err := f.pool.Exec(ctx, "SELECT pg_terminate_backend($1)", tx.Conn().PgConn().PID())
 		return err
 	}
-	_, _, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput(), IdempotencyKey: "k-1"})
+	_, err = f.svc.Pay(ctx, alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
 	require.ErrorIs(t, err, ErrUnavailable)
 	require.NotErrorIs(t, err, ErrCommitUnknown)
-	require.Zero(t, f.count(t, "orders"))
-	require.Zero(t, f.count(t, "outbox"))
+	got, err := f.svc.Get(ctx, alice, o.ID)
+	require.NoError(t, err)
+	require.Equal(t, StatusPlaced, got.Status, "nothing of the failed command was committed")
+	require.Len(t, f.outbox(t, o.ID.String()), 1)
 
 	f.svc.afterWrite = nil
-	o, replayed, err := f.svc.Place(ctx, alice, PlaceOrder{Input: newInput(), IdempotencyKey: "k-1"})
+	paid, err := f.svc.Pay(ctx, alice, PayOrder{ID: o.ID, ExpectedVersion: 1})
 	require.NoError(t, err, "the same request retried")
-	require.False(t, replayed, "nothing of the first attempt was committed")
-	require.Len(t, f.outbox(t, o.ID.String()), 1)
+	require.Equal(t, StatusPaid, paid.Status)
+	require.Len(t, f.outbox(t, o.ID.String()), 2)
 	require.Contains(t, f.logs.String(), "failed before commit")
 }
 

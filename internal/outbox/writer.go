@@ -136,10 +136,50 @@ func (w *Writer) Insert(ctx context.Context, tx pgx.Tx, events []Event) error {
 	if len(events) == 0 {
 		return nil
 	}
-	if err := w.Validate(events); err != nil {
+	p, err := w.params(ctx, events)
+	if err != nil {
 		return err
 	}
+	rows, err := outboxdb.New(tx).OutboxInsert(ctx, p)
+	if err != nil {
+		return fmt.Errorf("insert %d outbox events: %w", len(events), err)
+	}
+	return w.inserted(ctx, tx, events, rows)
+}
+
+// Queue is Insert for a transaction whose statements are pipelined: it
+// validates events as Insert does and adds their insert to b, which the
+// caller sends with tx.SendBatch together with its own statements, so the
+// business rows and the events reach the database in one round trip
+// instead of one each. Once the batch has run without error, and before
+// COMMIT, the caller must call the returned function: it checks what the
+// insert returned and, for types in direct or shadow publish mode, sends
+// as Insert does.
+func (w *Writer) Queue(ctx context.Context, b *pgx.Batch, events []Event) (func(context.Context, pgx.Tx) error, error) {
+	if len(events) == 0 {
+		return func(context.Context, pgx.Tx) error { return nil }, nil
+	}
+	p, err := w.params(ctx, events)
+	if err != nil {
+		return nil, err
+	}
+	var rows []outboxdb.OutboxInsertRow
+	outboxdb.QueueOutboxInsert(b, p, &rows)
+	return func(ctx context.Context, tx pgx.Tx) error {
+		if len(rows) != len(events) {
+			return fmt.Errorf("insert %d outbox events: %d rows came back (was the batch sent?)", len(events), len(rows))
+		}
+		return w.inserted(ctx, tx, events, rows)
+	}, nil
+}
+
+// params validates events, fills in their ids and trace context, and lays
+// them out as the insert's arrays.
+func (w *Writer) params(ctx context.Context, events []Event) (outboxdb.OutboxInsertParams, error) {
 	p := outboxdb.OutboxInsertParams{}
+	if err := w.Validate(events); err != nil {
+		return p, err
+	}
 	traceparent, tracestate := traceContext(ctx)
 	for i := range events {
 		e := &events[i]
@@ -149,7 +189,7 @@ func (w *Writer) Insert(ctx context.Context, tx pgx.Tx, events []Event) error {
 		if e.ID == uuid.Nil {
 			id, err := uuid.NewV7()
 			if err != nil {
-				return fmt.Errorf("generate event id: %w", err)
+				return p, fmt.Errorf("generate event id: %w", err)
 			}
 			e.ID = id
 		}
@@ -163,10 +203,12 @@ func (w *Writer) Insert(ctx context.Context, tx pgx.Tx, events []Event) error {
 		p.Traceparents = append(p.Traceparents, e.Traceparent)
 		p.Tracestates = append(p.Tracestates, e.Tracestate)
 	}
-	rows, err := outboxdb.New(tx).OutboxInsert(ctx, p)
-	if err != nil {
-		return fmt.Errorf("insert %d outbox events: %w", len(events), err)
-	}
+	return p, nil
+}
+
+// inserted acts on the publish modes the insert returned: a type in direct
+// or shadow mode is sent now, inside the transaction (O7).
+func (w *Writer) inserted(ctx context.Context, tx pgx.Tx, events []Event, rows []outboxdb.OutboxInsertRow) error {
 	for _, r := range rows {
 		if r.PublishMode != string(ModeOutbox) {
 			return w.sendDirect(ctx, tx, events, rows)

@@ -171,6 +171,40 @@ func TestWriterInsert(t *testing.T) {
 	require.Error(t, err, "a failed statement aborts the transaction; the caller rolls back")
 }
 
+// TestWriterQueue: Queue writes what Insert writes, as one statement of the
+// caller's batch, and refuses the same events before anything is queued.
+func TestWriterQueue(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx := context.Background()
+	evs := []outbox.Event{event("queued", 1), event("queued", 2, loose)}
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	b := &pgx.Batch{}
+	b.Queue("SELECT 1") // the caller's own statement, sent in the same round trip
+	inserted, err := testWriter.Queue(ctx, b, evs)
+	require.NoError(t, err)
+	require.Equal(t, 2, b.Len())
+	require.NoError(t, tx.SendBatch(ctx, b).Close())
+	require.NoError(t, inserted(ctx, tx))
+	require.NoError(t, tx.Commit(ctx))
+	for _, ev := range evs {
+		var state string
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT state FROM outbox WHERE event_id = $1", ev.ID).Scan(&state))
+		require.Equal(t, "pending", state)
+	}
+
+	b = &pgx.Batch{}
+	_, err = testWriter.Queue(ctx, b, []outbox.Event{event("", 1)})
+	require.ErrorIs(t, err, outbox.ErrInvalidEvent)
+	require.Zero(t, b.Len(), "a refused event is never queued")
+
+	b = &pgx.Batch{}
+	inserted, err = testWriter.Queue(ctx, b, []outbox.Event{event("queued", 3)})
+	require.NoError(t, err)
+	require.Error(t, inserted(ctx, nil), "a batch that never ran is not taken for a write")
+}
+
 // TestNewWriterRefusesBadTypes: a list of event types that could never be
 // written or delivered is refused at start-up.
 func TestNewWriterRefusesBadTypes(t *testing.T) {
