@@ -93,7 +93,7 @@ func benchmarkConsume(b *testing.B, orders, perOrder, batchMax int) {
 		cancel()
 
 		proj := NewProjector(quiet)
-		ib, err := inbox.New(inbox.Config{Pool: db.Pool, Apply: proj.Apply, Covered: proj.Covered, Rejected: proj.Rejected,
+		ib, err := inbox.New(inbox.Config{Pool: db.Pool, Apply: proj.Apply, ApplyBatch: proj.ApplyBatch, Covered: proj.Covered, Rejected: proj.Rejected,
 			GapWindow: time.Minute, Registerer: prometheus.NewRegistry(), Logger: quiet})
 		require.NoError(b, err)
 		m, err := NewMetrics(prometheus.NewRegistry())

@@ -459,6 +459,11 @@ func (c *Consumer) applyBatch(ctx context.Context, recs []*kgo.Record) (items []
 	}()
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		items = items[:0]
+		// Undecodable records are parked here; the others go through the
+		// inbox together, so that it can take the batch set-based.
+		var events []inbox.Event
+		var ctxs []context.Context
+		var at []int // the index in items (and recs) of each event
 		for i, r := range recs {
 			e, derr := DecodeRecord(r)
 			rctx, span := c.startConsume(ctx, r, e)
@@ -472,12 +477,18 @@ func (c *Consumer) applyBatch(ctx context.Context, recs []*kgo.Record) (items []
 				items = append(items, batchItem{rec: r, event: e, parked: derr.Error(), stored: stored, span: span})
 				continue
 			}
-			res, err := c.apply(rctx, tx, e)
-			if err != nil {
-				failed = i
-				return err
+			items = append(items, batchItem{rec: r, event: e, span: span})
+			events, ctxs, at = append(events, e), append(ctxs, rctx), append(at, i)
+		}
+		results, err := c.applyAll(ctx, tx, events, ctxs)
+		if err != nil {
+			if ee, ok := errors.AsType[*inbox.EventError](err); ok && ee.Index >= 0 && ee.Index < len(at) {
+				failed = at[ee.Index]
 			}
-			items = append(items, batchItem{rec: r, event: e, res: res, span: span})
+			return err
+		}
+		for j, res := range results {
+			items[at[j]].res = res
 		}
 		failpoint.Inject(failpoint.NotifierBeforeLocalCommit)
 		return nil
