@@ -89,6 +89,12 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, events []Event) ([
 
 type aggKey struct{ typ, id string }
 
+// lockedAgg is what the batch's lock read about an aggregate.
+type lockedAgg struct {
+	last    int64
+	unusual bool // a gap, a fork, held or parked events: Process decides
+}
+
 func keyOf(e Event) aggKey { return aggKey{e.AggregateType, e.AggregateID} }
 
 func hasRepeatedID(events []Event) bool {
@@ -128,69 +134,55 @@ func (ib *Inbox) applySetBased(ctx context.Context, tx pgx.Tx, events []Event, r
 	if err != nil {
 		return nil, fmt.Errorf("lock inbox aggregates: %w", err)
 	}
-	type aggState struct {
-		last    int64
-		unusual bool // a gap, a fork, held or parked events: Process decides
-		blocked bool // an earlier event of the batch went to Process
-		moved   bool // the set-based path applies some of its events
+	if len(rows) != len(keys) {
+		return nil, fmt.Errorf("lock inbox aggregates: %d of %d found", len(rows), len(keys))
 	}
-	aggs := make(map[aggKey]*aggState, len(rows))
+	locked := make(map[aggKey]lockedAgg, len(rows))
 	for _, r := range rows {
-		aggs[aggKey{r.AggregateType, r.AggregateID}] = &aggState{last: r.LastVersion, unusual: r.Unusual}
-	}
-	eventIDs := make([]uuid.UUID, len(events))
-	for i, e := range events {
-		eventIDs[i] = e.ID
-	}
-	known, err := q.ProcessedEventKnown(ctx, eventIDs)
-	if err != nil {
-		return nil, fmt.Errorf("look up known events: %w", err)
-	}
-	seen := make(map[uuid.UUID]bool, len(known))
-	for _, id := range known {
-		seen[id] = true
+		locked[aggKey{r.AggregateType, r.AggregateID}] = lockedAgg{last: r.LastVersion, unusual: r.Unusual}
 	}
 
-	// An event takes the set-based path only while its aggregate's events
-	// so far did: the first one that needs a decision (a duplicate, a gap,
-	// a conflict) sends the rest of its aggregate to Process, after the
-	// set-based part, so each aggregate keeps its order.
+	// The markers first, as in Process: they commit or roll back with the
+	// changes. They are inserted for the events that look like plain next
+	// versions without asking first whether their event_ids are known: in
+	// the common case every insert is new, and the question would cost a
+	// round trip per batch. An event_id already known (a producer reusing
+	// one for another aggregate) makes its insert return no row; then this
+	// transaction's new markers are deleted again, which leaves no trace,
+	// and the batch is sorted once more with those event_ids known.
+	known := map[uuid.UUID]bool{}
 	var fast []Event
 	var fastIdx []int
-	for i, e := range events {
-		a := aggs[keyOf(e)]
-		if a == nil {
-			return nil, fmt.Errorf("lock inbox aggregates: %s/%s not found", e.AggregateType, e.AggregateID)
+	var moved map[aggKey]int64
+	for attempt := 0; ; attempt++ {
+		fast, fastIdx, moved, slow = classify(events, locked, known)
+		if len(fast) == 0 {
+			return slow, nil
 		}
-		if a.blocked || a.unusual || seen[e.ID] || e.AggregateVersion != a.last+1 {
-			a.blocked = true
-			slow = append(slow, i)
-			continue
+		inserted, err := q.ProcessedEventInsertMany(ctx, markerParams(fast))
+		if err != nil {
+			return nil, fmt.Errorf("insert processed_event: %w", err)
 		}
-		a.last, a.moved = e.AggregateVersion, true
-		fast = append(fast, e)
-		fastIdx = append(fastIdx, i)
-	}
-	if len(fast) == 0 {
-		return slow, nil
-	}
-
-	// The markers first, as Process does: they commit or roll back with the
-	// changes.
-	p := inboxdb.ProcessedEventInsertManyParams{
-		EventIDs: make([]uuid.UUID, len(fast)), AggregateTypes: make([]string, len(fast)), AggregateIDs: make([]string, len(fast)),
-		AggregateVersions: make([]int64, len(fast)), EventTypes: make([]string, len(fast)),
-	}
-	for i, e := range fast {
-		p.EventIDs[i], p.AggregateTypes[i], p.AggregateIDs[i] = e.ID, e.AggregateType, e.AggregateID
-		p.AggregateVersions[i], p.EventTypes[i] = e.AggregateVersion, e.Type
-	}
-	inserted, err := q.ProcessedEventInsertMany(ctx, p)
-	if err != nil {
-		return nil, fmt.Errorf("insert processed_event: %w", err)
-	}
-	if len(inserted) != len(fast) {
-		return nil, errMarkerTaken
+		if len(inserted) == len(fast) {
+			break
+		}
+		if attempt > 0 {
+			// Unknown a moment ago, taken now: another consumer, holding
+			// none of these aggregates, recorded one of these event_ids.
+			return nil, errMarkerTaken
+		}
+		fresh := make(map[uuid.UUID]bool, len(inserted))
+		for _, id := range inserted {
+			fresh[id] = true
+		}
+		for _, e := range fast {
+			if !fresh[e.ID] {
+				known[e.ID] = true
+			}
+		}
+		if err := q.ProcessedEventDeleteMany(ctx, inserted); err != nil {
+			return nil, fmt.Errorf("undo processed_event: %w", err)
+		}
 	}
 
 	if err := ib.cfg.ApplyBatch(ctx, tx, fast); err != nil {
@@ -205,10 +197,10 @@ func (ib *Inbox) applySetBased(ctx context.Context, tx pgx.Tx, events []Event, r
 	// applyOne, the guarded update is an assertion: the rows are locked.
 	var adv inboxdb.InboxAggregateAdvanceManyParams
 	for _, k := range keys {
-		if a := aggs[k]; a.moved {
+		if v, ok := moved[k]; ok {
 			adv.AggregateTypes = append(adv.AggregateTypes, k.typ)
 			adv.AggregateIDs = append(adv.AggregateIDs, k.id)
-			adv.NewVersions = append(adv.NewVersions, a.last)
+			adv.NewVersions = append(adv.NewVersions, v)
 		}
 	}
 	n, err := q.InboxAggregateAdvanceMany(ctx, adv)
@@ -223,4 +215,46 @@ func (ib *Inbox) applySetBased(ctx context.Context, tx pgx.Tx, events []Event, r
 		results[fastIdx[j]] = Result{Outcome: Applied, Applied: []Event{e}, LastVersion: e.AggregateVersion, event: e}
 	}
 	return slow, nil
+}
+
+// classify splits a batch into the events the set-based path applies (in
+// order, with their indexes, and the version each aggregate reaches) and
+// the indexes of the others, for Process. An event takes the set-based
+// path only while its aggregate's events so far did: the first one that
+// needs a decision (a duplicate, a gap, a conflict, a known event_id)
+// sends the rest of its aggregate to Process, after the set-based part, so
+// each aggregate keeps its order.
+func classify(events []Event, locked map[aggKey]lockedAgg, known map[uuid.UUID]bool) (fast []Event, fastIdx []int, moved map[aggKey]int64, slow []int) {
+	moved = map[aggKey]int64{}
+	blocked := map[aggKey]bool{}
+	for i, e := range events {
+		k := keyOf(e)
+		a := locked[k]
+		last, ok := moved[k]
+		if !ok {
+			last = a.last
+		}
+		if blocked[k] || a.unusual || known[e.ID] || e.AggregateVersion != last+1 {
+			blocked[k] = true
+			slow = append(slow, i)
+			continue
+		}
+		moved[k] = e.AggregateVersion
+		fast = append(fast, e)
+		fastIdx = append(fastIdx, i)
+	}
+	return fast, fastIdx, moved, slow
+}
+
+func markerParams(events []Event) inboxdb.ProcessedEventInsertManyParams {
+	n := len(events)
+	p := inboxdb.ProcessedEventInsertManyParams{
+		EventIDs: make([]uuid.UUID, n), AggregateTypes: make([]string, n), AggregateIDs: make([]string, n),
+		AggregateVersions: make([]int64, n), EventTypes: make([]string, n),
+	}
+	for i, e := range events {
+		p.EventIDs[i], p.AggregateTypes[i], p.AggregateIDs[i] = e.ID, e.AggregateType, e.AggregateID
+		p.AggregateVersions[i], p.EventTypes[i] = e.AggregateVersion, e.Type
+	}
+	return p
 }

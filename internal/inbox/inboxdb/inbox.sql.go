@@ -1156,6 +1156,17 @@ func (q *Queries) ProcessedEventCleanup(ctx context.Context, arg ProcessedEventC
 	return result.RowsAffected(), nil
 }
 
+const processedEventDeleteMany = `-- name: ProcessedEventDeleteMany :exec
+DELETE FROM processed_event WHERE event_id = ANY($1::uuid[])
+`
+
+// Takes back markers this transaction has just inserted (ProcessBatch, when
+// one event_id of the batch turned out to be known).
+func (q *Queries) ProcessedEventDeleteMany(ctx context.Context, eventIds []uuid.UUID) error {
+	_, err := q.db.Exec(ctx, processedEventDeleteMany, eventIds)
+	return err
+}
+
 const processedEventFork = `-- name: ProcessedEventFork :execrows
 UPDATE processed_event
 SET outcome = 'forked'
@@ -1259,31 +1270,6 @@ func (q *Queries) ProcessedEventInsertMany(ctx context.Context, arg ProcessedEve
 		arg.AggregateVersions,
 		arg.EventTypes,
 	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []uuid.UUID{}
-	for rows.Next() {
-		var event_id uuid.UUID
-		if err := rows.Scan(&event_id); err != nil {
-			return nil, err
-		}
-		items = append(items, event_id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const processedEventKnown = `-- name: ProcessedEventKnown :many
-SELECT event_id FROM processed_event WHERE event_id = ANY($1::uuid[])
-`
-
-// Which of these event_ids already have a marker (any outcome).
-func (q *Queries) ProcessedEventKnown(ctx context.Context, eventIds []uuid.UUID) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, processedEventKnown, eventIds)
 	if err != nil {
 		return nil, err
 	}

@@ -303,9 +303,10 @@ JOIN (SELECT unnest(@aggregate_types::text[]) AS aggregate_type, unnest(@aggrega
 ORDER BY a.aggregate_type, a.aggregate_id
 FOR UPDATE OF a;
 
--- name: ProcessedEventKnown :many
--- Which of these event_ids already have a marker (any outcome).
-SELECT event_id FROM processed_event WHERE event_id = ANY(@event_ids::uuid[]);
+-- name: ProcessedEventDeleteMany :exec
+-- Takes back markers this transaction has just inserted (ProcessBatch, when
+-- one event_id of the batch turned out to be known).
+DELETE FROM processed_event WHERE event_id = ANY(@event_ids::uuid[]);
 
 -- name: ProcessedEventInsertMany :many
 -- The dedup markers of a batch, all 'applied'. An event_id that is already
