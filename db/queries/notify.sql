@@ -103,11 +103,15 @@ ON CONFLICT (operation_key) DO NOTHING;
 
 -- name: EmailSendLatestVersions :many
 -- The highest version each order has an email for: EmailSendLaterExists
--- for a whole batch, read once before its rows are written.
-SELECT order_id, max(aggregate_version)::bigint AS latest_version
-FROM email_send
-WHERE order_id = ANY(@order_ids::uuid[]) AND aggregate_version IS NOT NULL
-GROUP BY order_id;
+-- for a whole batch, read once before its rows are written; 0 when the
+-- order has no email yet (versions start at 1). One backward
+-- step on email_send_order_version_idx per order: written as a plain
+-- "order_id = ANY(...) GROUP BY", the planner may read the whole ledger.
+SELECT u.order_id::uuid AS order_id,
+       coalesce((SELECT e.aggregate_version FROM email_send e
+                 WHERE e.order_id = u.order_id AND e.aggregate_version IS NOT NULL
+                 ORDER BY e.aggregate_version DESC LIMIT 1), 0)::bigint AS latest_version
+FROM unnest(@order_ids::uuid[]) AS u(order_id);
 
 -- name: EmailSendLaterExists :one
 -- Whether the order already has an email for a later version: an email

@@ -31,12 +31,13 @@ import (
 // topic with a fresh group: orders x events per order, every order starting
 // with order.placed, so each record is applied (projection, ledger row,
 // processed_event) rather than absorbed. The group join is inside the
-// timing; it is small next to the work. The small case keeps
+// timing; it is small next to the work, and smaller still in the
+// 10,000-record case, the one to read a backlog's rate from. The small case keeps
 // `-benchtime=1x` quick enough for CI:
 //
 //	go test -run '^$' -bench 'BenchmarkConsume/records=100$' -benchtime=1x ./internal/notify/
 func BenchmarkConsume(b *testing.B) {
-	for _, size := range []struct{ orders, perOrder int }{{20, 5}, {200, 10}} {
+	for _, size := range []struct{ orders, perOrder int }{{20, 5}, {200, 10}, {1000, 10}} {
 		b.Run(fmt.Sprintf("records=%d", size.orders*size.perOrder), func(b *testing.B) {
 			benchmarkConsume(b, size.orders, size.perOrder, 0)
 		})
@@ -137,7 +138,7 @@ func benchmarkConsume(b *testing.B, orders, perOrder, batchMax int) {
 // transaction. The notifier's records/s divided by this one's says how
 // much of the database's capacity the consumer leaves unused.
 func BenchmarkConsumeSQLOnly(b *testing.B) {
-	for _, size := range []struct{ orders, perOrder int }{{20, 5}, {200, 10}} {
+	for _, size := range []struct{ orders, perOrder int }{{20, 5}, {200, 10}, {1000, 10}} {
 		b.Run(fmt.Sprintf("records=%d", size.orders*size.perOrder), func(b *testing.B) {
 			benchmarkSQLOnly(b, size.orders, size.perOrder)
 		})

@@ -479,10 +479,11 @@ func (q *Queries) EmailSendLaterExists(ctx context.Context, arg EmailSendLaterEx
 }
 
 const emailSendLatestVersions = `-- name: EmailSendLatestVersions :many
-SELECT order_id, max(aggregate_version)::bigint AS latest_version
-FROM email_send
-WHERE order_id = ANY($1::uuid[]) AND aggregate_version IS NOT NULL
-GROUP BY order_id
+SELECT u.order_id::uuid AS order_id,
+       coalesce((SELECT e.aggregate_version FROM email_send e
+                 WHERE e.order_id = u.order_id AND e.aggregate_version IS NOT NULL
+                 ORDER BY e.aggregate_version DESC LIMIT 1), 0)::bigint AS latest_version
+FROM unnest($1::uuid[]) AS u(order_id)
 `
 
 type EmailSendLatestVersionsRow struct {
@@ -491,7 +492,10 @@ type EmailSendLatestVersionsRow struct {
 }
 
 // The highest version each order has an email for: EmailSendLaterExists
-// for a whole batch, read once before its rows are written.
+// for a whole batch, read once before its rows are written; 0 when the
+// order has no email yet (versions start at 1). One backward
+// step on email_send_order_version_idx per order: written as a plain
+// "order_id = ANY(...) GROUP BY", the planner may read the whole ledger.
 func (q *Queries) EmailSendLatestVersions(ctx context.Context, orderIds []uuid.UUID) ([]EmailSendLatestVersionsRow, error) {
 	rows, err := q.db.Query(ctx, emailSendLatestVersions, orderIds)
 	if err != nil {
