@@ -73,6 +73,12 @@ type ConsumerConfig struct {
 // second and its row locks short.
 const DefaultMaxBatchRecords = 200
 
+// The bounds of one fetch (see Run). ExtraOpts may override them.
+const (
+	fetchMaxBytes          = 4 << 20
+	fetchMaxPartitionBytes = 1 << 20
+)
+
 // Consumer reads order events from Kafka and runs them through the inbox
 // in local transactions (C1, C2). The records of one poll are applied in
 // batches, each in one transaction; a batch that fails for a reason of its
@@ -217,6 +223,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),
+		// Bounded fetch buffers: a backlog must not become memory. The
+		// client's defaults allow 50 MiB per fetch and one buffered fetch
+		// per broker; a few MiB per fetch (thousands of order events) keep
+		// the consumer busy between polls, and at most two fetches in
+		// flight or buffered cap what a backlog of any size costs in RAM.
+		kgo.FetchMaxBytes(fetchMaxBytes),
+		kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes),
+		kgo.MaxConcurrentFetches(2),
 	}
 	if c.cfg.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(c.cfg.SessionTimeout))
