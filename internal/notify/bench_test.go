@@ -22,6 +22,7 @@ import (
 	"github.com/outboxref/orders/db/migrations"
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify/notifydb"
+	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/pgtest"
 )
 
@@ -262,4 +263,46 @@ func sqlOnlyBatch(b *testing.B, ctx context.Context, pool *pgxpool.Pool, recs []
 		ON CONFLICT (operation_key) DO NOTHING`,
 		mKeys, mEventIDs, mMsgIDs, mOrderIDs, mTypes, mVersions, mTimes, mRecipients, mSubj, mBody)
 	require.NoError(b, pool.SendBatch(ctx, batch).Close())
+}
+
+// BenchmarkSend measures emails per second through the Sender, from a
+// ledger of pending rows to an in-process SMTP server over TCP: per email,
+// its claim (a transaction of its own), the SMTP transaction on a kept
+// connection, and the fenced result update; with one worker and with
+// EMAIL_SENDERS' default.
+func BenchmarkSend(b *testing.B) {
+	for _, workers := range []int{1, 4} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) { benchmarkSend(b, workers) })
+	}
+}
+
+func benchmarkSend(b *testing.B, workers int) {
+	const n = 1000
+	db := pgtest.New(b, migrations.Notifier()...)
+	srv := smtptest.Start(b)
+	mailer := &SMTPMailer{Addr: srv.Addr, HeloName: "notifier.test", Timeout: 5 * time.Second, TLS: TLSNone, MaxIdle: workers}
+	b.Cleanup(func() { _ = mailer.Close() })
+	m, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(b, err)
+	quiet := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	s := NewSender(db.Pool, mailer, SenderConfig{From: "orders@shop.test", PollInterval: time.Hour, SendingTimeout: time.Minute,
+		Workers: workers}, m, quiet)
+	ctx := context.Background()
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		_, err := db.Pool.Exec(ctx, `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
+				aggregate_version, event_time, recipient, subject, body)
+			SELECT id::text, id, '<' || id::text || '>', gen_random_uuid(), 'order.placed', 1, clock_timestamp(),
+				'alice@example.com', 'Order received', 'Hello,' || chr(10) || 'thank you for your order.'
+			FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, $1)) g`, n)
+		require.NoError(b, err)
+		b.StartTimer()
+		sent, err := s.RunOnce(ctx)
+		require.NoError(b, err)
+		require.Equal(b, n, sent)
+	}
+	b.StopTimer()
+	require.Equal(b, b.N*n, len(srv.Accepted()), "every email sent once")
+	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "emails/s")
 }

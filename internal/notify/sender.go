@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -51,6 +52,15 @@ type SenderConfig struct {
 	// BackoffBase and BackoffCap bound the exponential retry delay.
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
+	// Workers is how many emails are sent at once (EMAIL_SENDERS). Each
+	// claim and each result is a transaction of its own, a disk flush
+	// before anything else can happen, and a send waits on the relay: one
+	// worker sends a few hundred emails a second at best. Several workers
+	// overlap those waits; SKIP LOCKED keeps them off each other's rows,
+	// and each still claims one row per send. Zero means one. Emails of
+	// one order may then leave in a different order than their events
+	// (as they already may after a retry).
+	Workers int
 	// MaxAge skips, rather than sends, an email whose event is older than
 	// this when it could first be sent (EMAIL_MAX_AGE). Zero means 24h.
 	MaxAge time.Duration
@@ -96,6 +106,7 @@ func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, 
 	if cfg.MaxAge <= 0 {
 		cfg.MaxAge = 24 * time.Hour
 	}
+	cfg.Workers = max(cfg.Workers, 1)
 	cfg.BackoffCap = max(cfg.BackoffCap, cfg.BackoffBase)
 	if log == nil {
 		log = slog.Default()
@@ -133,7 +144,8 @@ func (s *Sender) Run(ctx context.Context) error {
 
 // RunOnce does one pass over the ledger: it turns abandoned sends into
 // unknown, skips emails that became stale before they could be sent, then
-// sends due rows one claim at a time until none is due or ctx ends. It
+// sends due rows one claim at a time, Workers at once, until none is due
+// or ctx ends. It
 // returns how many rows it sent (whatever their outcome).
 func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	if err := s.sweepStuck(ctx); err != nil {
@@ -142,18 +154,37 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	if err := s.skipStale(ctx); err != nil {
 		return 0, err
 	}
-	n := 0
-	for ctx.Err() == nil {
-		sent, err := s.sendNext(ctx)
-		if err != nil {
-			return n, err
-		}
-		if !sent {
-			break
-		}
-		n++
+	// Workers claim and send until none finds a due row; the first error
+	// ends this pass for all of them.
+	var (
+		mu       sync.Mutex
+		n        int
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	for range s.cfg.Workers {
+		wg.Go(func() {
+			for wctx.Err() == nil {
+				sent, err := s.sendNext(wctx)
+				mu.Lock()
+				if sent {
+					n++
+				}
+				if err != nil && firstErr == nil {
+					firstErr = err
+					stop()
+				}
+				mu.Unlock()
+				if err != nil || !sent {
+					return
+				}
+			}
+		})
 	}
-	return n, nil
+	wg.Wait()
+	return n, firstErr
 }
 
 // sendNext claims one due row and sends it. It reports false when nothing
