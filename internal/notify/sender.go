@@ -74,8 +74,9 @@ type SenderConfig struct {
 // result with an update fenced by the claim token. The ledger write that
 // created the row and the send are therefore never in one transaction, a
 // crash at any point leaves a row that says what is known, and since a row
-// is claimed only when its send begins, a crash leaves at most one row in
-// 'sending' for the stuck-send sweep to call unknown.
+// is claimed only when its send begins, a crash leaves at most one row per
+// worker (SenderConfig.Workers) in 'sending' for the stuck-send sweep to
+// call unknown.
 type Sender struct {
 	pool    *pgxpool.Pool
 	mailer  Mailer
