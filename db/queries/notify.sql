@@ -147,7 +147,10 @@ RETURNING operation_key, event_id, order_id, event_type, event_time;
 -- happens after commit. One row per claim, so that only an email whose send
 -- has really begun is ever 'sending': a sender that dies leaves at most one
 -- row for the stuck-send sweep. SKIP LOCKED lets several senders share the
--- ledger. Unknown rows are claimed only under the resend policy.
+-- ledger. Unknown rows are claimed only under the resend policy. A sender
+-- with several workers gives each its share of the orders (by the last byte
+-- of the order id, which is random), so one order's emails still go out one
+-- after the other, in the order they were written, as with one worker.
 UPDATE email_send
 SET state = 'sending', claim_token = @claim_token::uuid, claimed_by = @claimed_by::text,
     sending_since = clock_timestamp(), attempts = attempts + 1
@@ -156,6 +159,7 @@ WHERE operation_key = (
     WHERE e.next_attempt_at <= clock_timestamp()
       AND (e.state = 'pending'
            OR (e.state = 'unknown' AND @resend_unknown::boolean AND e.attempts < @max_attempts::integer))
+      AND get_byte(uuid_send(e.order_id), 15) % @workers::integer = @worker::integer
     ORDER BY e.next_attempt_at, e.operation_key
     LIMIT 1
     FOR UPDATE SKIP LOCKED

@@ -56,10 +56,9 @@ type SenderConfig struct {
 	// claim and each result is a transaction of its own, a disk flush
 	// before anything else can happen, and a send waits on the relay: one
 	// worker sends a few hundred emails a second at best. Several workers
-	// overlap those waits; SKIP LOCKED keeps them off each other's rows,
-	// and each still claims one row per send. Zero means one. Emails of
-	// one order may then leave in a different order than their events
-	// (as they already may after a retry).
+	// overlap those waits. Each claims one row per send, from its own
+	// share of the orders, so one order's emails never race each other.
+	// Zero means one; at most 256.
 	Workers int
 	// MaxAge skips, rather than sends, an email whose event is older than
 	// this when it could first be sent (EMAIL_MAX_AGE). Zero means 24h.
@@ -107,7 +106,7 @@ func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, 
 	if cfg.MaxAge <= 0 {
 		cfg.MaxAge = 24 * time.Hour
 	}
-	cfg.Workers = max(cfg.Workers, 1)
+	cfg.Workers = min(max(cfg.Workers, 1), 256)
 	cfg.BackoffCap = max(cfg.BackoffCap, cfg.BackoffBase)
 	if log == nil {
 		log = slog.Default()
@@ -165,10 +164,10 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	)
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
-	for range s.cfg.Workers {
+	for worker := range s.cfg.Workers {
 		wg.Go(func() {
 			for wctx.Err() == nil {
-				sent, err := s.sendNext(wctx)
+				sent, err := s.sendNext(wctx, worker)
 				mu.Lock()
 				if sent {
 					n++
@@ -190,7 +189,7 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 
 // sendNext claims one due row and sends it. It reports false when nothing
 // was due.
-func (s *Sender) sendNext(ctx context.Context) (bool, error) {
+func (s *Sender) sendNext(ctx context.Context, worker int) (bool, error) {
 	token := uuid.New()
 	// The claim does not follow ctx: cancelled mid-statement, pgx would
 	// drop the connection without knowing whether the server committed, and
@@ -201,7 +200,7 @@ func (s *Sender) sendNext(ctx context.Context) (bool, error) {
 	defer cancel()
 	row, err := notifydb.New(s.pool).EmailSendClaimOne(cctx, notifydb.EmailSendClaimOneParams{
 		ClaimToken: token, ClaimedBy: s.cfg.Owner, ResendUnknown: s.cfg.Policy == PolicyResend,
-		MaxAttempts: int32(s.cfg.MaxAttempts),
+		MaxAttempts: int32(s.cfg.MaxAttempts), Workers: int32(s.cfg.Workers), Worker: int32(worker),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil

@@ -126,6 +126,7 @@ WHERE operation_key = (
     WHERE e.next_attempt_at <= clock_timestamp()
       AND (e.state = 'pending'
            OR (e.state = 'unknown' AND $3::boolean AND e.attempts < $4::integer))
+      AND get_byte(uuid_send(e.order_id), 15) % $5::integer = $6::integer
     ORDER BY e.next_attempt_at, e.operation_key
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -138,19 +139,26 @@ type EmailSendClaimOneParams struct {
 	ClaimedBy     string
 	ResendUnknown bool
 	MaxAttempts   int32
+	Workers       int32
+	Worker        int32
 }
 
 // Claims the next due row in a short transaction of its own; the send
 // happens after commit. One row per claim, so that only an email whose send
 // has really begun is ever 'sending': a sender that dies leaves at most one
 // row for the stuck-send sweep. SKIP LOCKED lets several senders share the
-// ledger. Unknown rows are claimed only under the resend policy.
+// ledger. Unknown rows are claimed only under the resend policy. A sender
+// with several workers gives each its share of the orders (by the last byte
+// of the order id, which is random), so one order's emails still go out one
+// after the other, in the order they were written, as with one worker.
 func (q *Queries) EmailSendClaimOne(ctx context.Context, arg EmailSendClaimOneParams) (EmailSend, error) {
 	row := q.db.QueryRow(ctx, emailSendClaimOne,
 		arg.ClaimToken,
 		arg.ClaimedBy,
 		arg.ResendUnknown,
 		arg.MaxAttempts,
+		arg.Workers,
+		arg.Worker,
 	)
 	var i EmailSend
 	err := row.Scan(
