@@ -81,7 +81,9 @@ type EmailConfig struct {
 	// email its whole history (C4a).
 	MaxAge time.Duration // EMAIL_MAX_AGE
 	// Senders is how many emails are sent at once, each on a kept SMTP
-	// connection of its own.
+	// connection of its own. One by default: a crash then leaves at most
+	// one row in 'sending' (one per sender otherwise) for the sweep to
+	// call unknown.
 	Senders int // EMAIL_SENDERS
 }
 
@@ -155,7 +157,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			BackoffCap:     r.Duration("EMAIL_BACKOFF_CAP", 10*time.Minute),
 			PollInterval:   r.Duration("EMAIL_POLL_INTERVAL", time.Second),
 			MaxAge:         r.Duration("EMAIL_MAX_AGE", 24*time.Hour),
-			Senders:        r.Int("EMAIL_SENDERS", 4, 1, 64),
+			Senders:        r.Int("EMAIL_SENDERS", 1, 1, 64),
 		},
 		OrdersAPIURL:     r.String("ORDERS_API_URL", "http://127.0.0.1:8080"),
 		OrdersAPIToken:   r.String("ORDERS_API_TOKEN", ""),

@@ -58,7 +58,8 @@ type SenderConfig struct {
 	// worker sends a few hundred emails a second at best. Several workers
 	// overlap those waits. Each claims one row per send, from its own
 	// share of the orders, so one order's emails never race each other.
-	// Zero means one; at most 256.
+	// A crash then leaves up to one row per worker in 'sending', each an
+	// unknown outcome, instead of one. Zero means one; at most 256.
 	Workers int
 	// MaxAge skips, rather than sends, an email whose event is older than
 	// this when it could first be sent (EMAIL_MAX_AGE). Zero means 24h.
