@@ -80,6 +80,11 @@ type EmailConfig struct {
 	// first be sent, so a new consumer group on a long topic does not
 	// email its whole history (C4a).
 	MaxAge time.Duration // EMAIL_MAX_AGE
+	// Senders is how many emails are sent at once, each on a kept SMTP
+	// connection of its own. One by default: a crash then leaves at most
+	// one row in 'sending' (one per sender otherwise) for the sweep to
+	// call unknown.
+	Senders int // EMAIL_SENDERS
 }
 
 // RetentionConfig is the processed_event retention and its constraints (C5).
@@ -152,6 +157,7 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			BackoffCap:     r.Duration("EMAIL_BACKOFF_CAP", 10*time.Minute),
 			PollInterval:   r.Duration("EMAIL_POLL_INTERVAL", time.Second),
 			MaxAge:         r.Duration("EMAIL_MAX_AGE", 24*time.Hour),
+			Senders:        r.Int("EMAIL_SENDERS", 1, 1, 64),
 		},
 		OrdersAPIURL:     r.String("ORDERS_API_URL", "http://127.0.0.1:8080"),
 		OrdersAPIToken:   r.String("ORDERS_API_TOKEN", ""),
@@ -262,7 +268,7 @@ func checkSMTP(r *envconfig.Reader, e EmailConfig) {
 // it, which ends its cached connection.
 func (e EmailConfig) mailer() (*notify.SMTPMailer, error) {
 	m := &notify.SMTPMailer{Addr: e.SMTPAddr, HeloName: e.HeloName, Timeout: e.SendTimeout,
-		TLS: e.TLS, Username: e.Username, Password: e.Password}
+		TLS: e.TLS, Username: e.Username, Password: e.Password, MaxIdle: e.Senders}
 	if e.TLS == notify.TLSNone {
 		return m, nil
 	}
@@ -298,8 +304,8 @@ func (c Config) print(w io.Writer) {
 		c.Kafka.Conn, c.Kafka.Topic, c.Kafka.Group, c.Kafka.InstanceID, c.Kafka.SessionTimeout, c.Kafka.StartOffset, c.Kafka.BatchMax)
 	fmt.Fprintf(w, "config: SMTP_ADDR=%s SMTP_TLS=%s SMTP_TLS_CA_FILE=%s SMTP_TLS_SERVER_NAME=%s SMTP_USERNAME=%s SMTP_PASSWORD=%s\n",
 		c.Email.SMTPAddr, c.Email.TLS, c.Email.TLSCAFile, c.Email.TLSServerName, c.Email.Username, envconfig.Mask(c.Email.Password))
-	fmt.Fprintf(w, "config: SMTP_FROM=%s SMTP_HELO_NAME=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s EMAIL_POLL_INTERVAL=%s EMAIL_MAX_AGE=%s\n",
-		c.Email.From, c.Email.HeloName, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap, c.Email.PollInterval, c.Email.MaxAge)
+	fmt.Fprintf(w, "config: SMTP_FROM=%s SMTP_HELO_NAME=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s EMAIL_POLL_INTERVAL=%s EMAIL_MAX_AGE=%s EMAIL_SENDERS=%d\n",
+		c.Email.From, c.Email.HeloName, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap, c.Email.PollInterval, c.Email.MaxAge, c.Email.Senders)
 	fmt.Fprintf(w, "config: ORDERS_API_URL=%s ORDERS_API_TOKEN=%s ORDERS_API_TIMEOUT=%s GAP_WINDOW=%s\n",
 		envconfig.MaskURL(c.OrdersAPIURL), envconfig.Mask(c.OrdersAPIToken), c.OrdersAPITimeout, c.GapWindow)
 	fmt.Fprintf(w, "config: PROCESSED_EVENT_TTL=%s BROKER_REDELIVERY_WINDOW=%s BACKUP_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d CLEANUP_PAUSE=%s\n",

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -66,7 +67,18 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	// connection instead of caching it.
 	defer func() { _ = mailer.Close() }()
 
-	pool, err := pgxpool.New(ctx, cfg.DatabaseURL)
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("parse DATABASE_URL: %w", err)
+	}
+	if !strings.Contains(cfg.DatabaseURL, "pool_max_conns") {
+		// Each sender holds a connection while it claims or records, the
+		// consumer one per batch, and the resync, maintenance and readiness
+		// work their own: the pool's default (four, or one per CPU) would
+		// make the consumer queue behind the senders.
+		pcfg.MaxConns = max(pcfg.MaxConns, int32(cfg.Email.Senders)+4)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return fmt.Errorf("open database pool: %w", err)
 	}
@@ -90,7 +102,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		},
 		Sender: notify.SenderConfig{
 			From: cfg.Email.From, Owner: fmt.Sprintf("%s/%d", host, os.Getpid()), Policy: cfg.Email.UnknownPolicy,
-			PollInterval: cfg.Email.PollInterval, SendingTimeout: cfg.Email.SendingTimeout, MaxAge: cfg.Email.MaxAge,
+			PollInterval: cfg.Email.PollInterval, SendingTimeout: cfg.Email.SendingTimeout, MaxAge: cfg.Email.MaxAge, Workers: cfg.Email.Senders,
 			MaxAttempts: cfg.Email.MaxAttempts, BackoffBase: cfg.Email.BackoffBase, BackoffCap: cfg.Email.BackoffCap,
 		},
 		Mailer:            mailer,

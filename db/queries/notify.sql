@@ -21,6 +21,39 @@ SET email                  = EXCLUDED.email,
     updated_at             = clock_timestamp()
 WHERE order_projection.version < EXCLUDED.version;
 
+-- name: ProjectionGetMany :many
+-- The projections of a batch's orders, read once for the whole batch.
+SELECT * FROM order_projection WHERE order_id = ANY(@order_ids::uuid[]);
+
+-- name: ProjectionUpsertMany :execrows
+-- ProjectionUpsert for a batch: one row per order, its state after the
+-- batch's last event of it. The arrays are parallel, one element per
+-- order (set-returning functions in one select list advance together).
+-- A nullable number comes as a value and a "has a value" flag, since the
+-- generated array parameters cannot carry NULL elements; an empty
+-- currency means none. The caller checks that every row was written.
+INSERT INTO order_projection (order_id, email, status, currency, total_cents,
+                              refund_requested_cents, version, last_event_id)
+SELECT u.order_id, u.email, u.status, nullif(u.currency, ''),
+       CASE WHEN u.has_total THEN u.total_cents END,
+       CASE WHEN u.has_refund THEN u.refund_cents END,
+       u.version, u.last_event_id
+FROM (SELECT unnest(@order_ids::uuid[]) AS order_id, unnest(@emails::text[]) AS email,
+             unnest(@statuses::text[]) AS status, unnest(@currencies::text[]) AS currency,
+             unnest(@total_cents::bigint[]) AS total_cents, unnest(@has_total::boolean[]) AS has_total,
+             unnest(@refund_cents::bigint[]) AS refund_cents, unnest(@has_refund::boolean[]) AS has_refund,
+             unnest(@versions::bigint[]) AS version, unnest(@last_event_ids::uuid[]) AS last_event_id) u
+ON CONFLICT (order_id) DO UPDATE
+SET email                  = EXCLUDED.email,
+    status                 = EXCLUDED.status,
+    currency               = coalesce(EXCLUDED.currency, order_projection.currency),
+    total_cents            = coalesce(EXCLUDED.total_cents, order_projection.total_cents),
+    refund_requested_cents = coalesce(EXCLUDED.refund_requested_cents, order_projection.refund_requested_cents),
+    version                = EXCLUDED.version,
+    last_event_id          = EXCLUDED.last_event_id,
+    updated_at             = clock_timestamp()
+WHERE order_projection.version < EXCLUDED.version;
+
 -- name: ProjectionReplace :exec
 -- Replaces the order's state whatever its version: a resync of an order
 -- whose history forked (inbox Snapshot.Rebase). What the lost history held
@@ -50,6 +83,35 @@ VALUES (@operation_key, @event_id, @message_id, @order_id, @event_type,
         sqlc.narg('skip_reason'), sqlc.narg('traceparent'), sqlc.narg('tracestate'))
 ON CONFLICT (operation_key) DO NOTHING
 RETURNING *;
+
+-- name: EmailSendInsertMany :exec
+-- EmailSendInsert for a batch's pending emails: a row that exists (the
+-- event came back) is left as it is. Empty trace fields mean none.
+INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
+                        aggregate_version, event_time, recipient, subject, body, state,
+                        traceparent, tracestate)
+SELECT u.operation_key, u.event_id, u.message_id, u.order_id, u.event_type,
+       u.aggregate_version, u.event_time, u.recipient, u.subject, u.body, 'pending',
+       nullif(u.traceparent, ''), nullif(u.tracestate, '')
+FROM (SELECT unnest(@operation_keys::text[]) AS operation_key, unnest(@event_ids::uuid[]) AS event_id,
+             unnest(@message_ids::text[]) AS message_id, unnest(@order_ids::uuid[]) AS order_id,
+             unnest(@event_types::text[]) AS event_type, unnest(@aggregate_versions::bigint[]) AS aggregate_version,
+             unnest(@event_times::timestamptz[]) AS event_time, unnest(@recipients::text[]) AS recipient,
+             unnest(@subjects::text[]) AS subject, unnest(@bodies::text[]) AS body,
+             unnest(@traceparents::text[]) AS traceparent, unnest(@tracestates::text[]) AS tracestate) u
+ON CONFLICT (operation_key) DO NOTHING;
+
+-- name: EmailSendLatestVersions :many
+-- The highest version each order has an email for: EmailSendLaterExists
+-- for a whole batch, read once before its rows are written; 0 when the
+-- order has no email yet (versions start at 1). One backward
+-- step on email_send_order_version_idx per order: written as a plain
+-- "order_id = ANY(...) GROUP BY", the planner may read the whole ledger.
+SELECT u.order_id::uuid AS order_id,
+       coalesce((SELECT e.aggregate_version FROM email_send e
+                 WHERE e.order_id = u.order_id AND e.aggregate_version IS NOT NULL
+                 ORDER BY e.aggregate_version DESC LIMIT 1), 0)::bigint AS latest_version
+FROM unnest(@order_ids::uuid[]) AS u(order_id);
 
 -- name: EmailSendLaterExists :one
 -- Whether the order already has an email for a later version: an email
@@ -85,7 +147,10 @@ RETURNING operation_key, event_id, order_id, event_type, event_time;
 -- happens after commit. One row per claim, so that only an email whose send
 -- has really begun is ever 'sending': a sender that dies leaves at most one
 -- row for the stuck-send sweep. SKIP LOCKED lets several senders share the
--- ledger. Unknown rows are claimed only under the resend policy.
+-- ledger. Unknown rows are claimed only under the resend policy. A sender
+-- with several workers gives each its share of the orders (by the last byte
+-- of the order id, which is random), so one order's emails still go out one
+-- after the other, in the order they were written, as with one worker.
 UPDATE email_send
 SET state = 'sending', claim_token = @claim_token::uuid, claimed_by = @claimed_by::text,
     sending_since = clock_timestamp(), attempts = attempts + 1
@@ -94,6 +159,7 @@ WHERE operation_key = (
     WHERE e.next_attempt_at <= clock_timestamp()
       AND (e.state = 'pending'
            OR (e.state = 'unknown' AND @resend_unknown::boolean AND e.attempts < @max_attempts::integer))
+      AND get_byte(uuid_send(e.order_id), 15) % @workers::integer = @worker::integer
     ORDER BY e.next_attempt_at, e.operation_key
     LIMIT 1
     FOR UPDATE SKIP LOCKED

@@ -30,10 +30,12 @@
 // its business change and effects as functions in Config. Its public API:
 //
 //   - New, Config, Inbox: Handle (one event, own transaction), Process (in
-//     the caller's transaction, for batches), Observe, ResyncDue, Cleanup,
-//     RefreshStats, Metrics;
+//     the caller's transaction), ProcessBatch (several events in the
+//     caller's transaction, set-based when possible), Observe, ResyncDue,
+//     Cleanup, RefreshStats, Metrics;
 //   - Event, Result, Outcome (Applied, Duplicate, Held, Conflict, Covered),
-//     ApplyFunc, RejectFunc, Snapshot, FetchFunc, SnapshotFunc;
+//     ApplyFunc, BatchApplyFunc, EventError, RejectFunc, Snapshot,
+//     FetchFunc, SnapshotFunc;
 //   - DecodeRecord (the CloudEvents record written by the outbox relay),
 //     ParkRecord and ParkedHeader (poison records, stored losslessly);
 //   - for operators (O4): ParkedRecords, ParkedRecordByID, ParkedEvents,
@@ -186,6 +188,11 @@ type Config struct {
 	Pool *pgxpool.Pool
 	// Apply is the business change of an event whose turn has come.
 	Apply ApplyFunc
+	// ApplyBatch, if set, is Apply for several events at once, and lets
+	// ProcessBatch take its set-based path. It must have the same effect
+	// as Apply called for each event in order. Nil means ProcessBatch
+	// processes event by event.
+	ApplyBatch BatchApplyFunc
 	// Covered, if set, runs for an event whose version a resync snapshot
 	// already placed (a held event the snapshot covered, or a late event
 	// arriving after it). State must not change, since the snapshot holds

@@ -73,6 +73,12 @@ type ConsumerConfig struct {
 // second and its row locks short.
 const DefaultMaxBatchRecords = 200
 
+// The bounds of one fetch (see Run). ExtraOpts may override them.
+const (
+	fetchMaxBytes          = 4 << 20
+	fetchMaxPartitionBytes = 1 << 20
+)
+
 // Consumer reads order events from Kafka and runs them through the inbox
 // in local transactions (C1, C2). The records of one poll are applied in
 // batches, each in one transaction; a batch that fails for a reason of its
@@ -217,6 +223,14 @@ func (c *Consumer) Run(ctx context.Context) error {
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsRevoked(c.onRevoked),
 		kgo.OnPartitionsLost(c.onLost),
+		// Bounded fetch buffers: a backlog must not become memory. The
+		// client's defaults allow 50 MiB per fetch and one buffered fetch
+		// per broker; a few MiB per fetch (thousands of order events) keep
+		// the consumer busy between polls, and at most two fetches in
+		// flight or buffered cap what a backlog of any size costs in RAM.
+		kgo.FetchMaxBytes(fetchMaxBytes),
+		kgo.FetchMaxPartitionBytes(fetchMaxPartitionBytes),
+		kgo.MaxConcurrentFetches(2),
 	}
 	if c.cfg.SessionTimeout > 0 {
 		opts = append(opts, kgo.SessionTimeout(c.cfg.SessionTimeout))
@@ -459,6 +473,11 @@ func (c *Consumer) applyBatch(ctx context.Context, recs []*kgo.Record) (items []
 	}()
 	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		items = items[:0]
+		// Undecodable records are parked here; the others go through the
+		// inbox together, so that it can take the batch set-based.
+		var events []inbox.Event
+		var ctxs []context.Context
+		var at []int // the index in items (and recs) of each event
 		for i, r := range recs {
 			e, derr := DecodeRecord(r)
 			rctx, span := c.startConsume(ctx, r, e)
@@ -472,12 +491,18 @@ func (c *Consumer) applyBatch(ctx context.Context, recs []*kgo.Record) (items []
 				items = append(items, batchItem{rec: r, event: e, parked: derr.Error(), stored: stored, span: span})
 				continue
 			}
-			res, err := c.apply(rctx, tx, e)
-			if err != nil {
-				failed = i
-				return err
+			items = append(items, batchItem{rec: r, event: e, span: span})
+			events, ctxs, at = append(events, e), append(ctxs, rctx), append(at, i)
+		}
+		results, err := c.applyAll(ctx, tx, events, ctxs)
+		if err != nil {
+			if ee, ok := errors.AsType[*inbox.EventError](err); ok && ee.Index >= 0 && ee.Index < len(at) {
+				failed = at[ee.Index]
 			}
-			items = append(items, batchItem{rec: r, event: e, res: res, span: span})
+			return err
+		}
+		for j, res := range results {
+			items[at[j]].res = res
 		}
 		failpoint.Inject(failpoint.NotifierBeforeLocalCommit)
 		return nil

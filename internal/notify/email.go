@@ -79,9 +79,7 @@ func enqueueEmail(ctx context.Context, q *notifydb.Queries, m emailIntent) (noti
 			return notifydb.EmailSend{}, fmt.Errorf("look for a later email: %w", err)
 		}
 		if later {
-			m.Subject = "Update: " + m.Subject
-			m.Body = fmt.Sprintf("This update arrives late: it happened on %s, before an update about this order that you may already have received.\n\n",
-				m.EventTime.UTC().Format("2 January 2006 at 15:04 UTC")) + m.Body
+			markLate(&m)
 		}
 	}
 	var skip *string
@@ -101,6 +99,14 @@ func enqueueEmail(ctx context.Context, q *notifydb.Queries, m emailIntent) (noti
 		return notifydb.EmailSend{}, fmt.Errorf("write email intent: %w", err)
 	}
 	return row, nil
+}
+
+// markLate says in the email's subject and first lines that it arrives
+// after an email about a later version of the order.
+func markLate(m *emailIntent) {
+	m.Subject = "Update: " + m.Subject
+	m.Body = fmt.Sprintf("This update arrives late: it happened on %s, before an update about this order that you may already have received.\n\n",
+		m.EventTime.UTC().Format("2 January 2006 at 15:04 UTC")) + m.Body
 }
 
 func shortID(id uuid.UUID) string { return id.String()[:8] }

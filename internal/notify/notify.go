@@ -102,6 +102,7 @@ func NewService(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	ib, err := inbox.New(inbox.Config{
 		Pool:          pool,
 		Apply:         s.Projector.Apply,
+		ApplyBatch:    s.Projector.ApplyBatch,
 		Covered:       s.Projector.Covered,
 		Rejected:      s.Projector.Rejected,
 		Fetch:         cfg.Orders.Fetch,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -51,6 +52,15 @@ type SenderConfig struct {
 	// BackoffBase and BackoffCap bound the exponential retry delay.
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
+	// Workers is how many emails are sent at once (EMAIL_SENDERS). Each
+	// claim and each result is a transaction of its own, a disk flush
+	// before anything else can happen, and a send waits on the relay: one
+	// worker sends a few hundred emails a second at best. Several workers
+	// overlap those waits. Each claims one row per send, from its own
+	// share of the orders, so one order's emails never race each other.
+	// A crash then leaves up to one row per worker in 'sending', each an
+	// unknown outcome, instead of one. Zero means one; at most 256.
+	Workers int
 	// MaxAge skips, rather than sends, an email whose event is older than
 	// this when it could first be sent (EMAIL_MAX_AGE). Zero means 24h.
 	MaxAge time.Duration
@@ -64,8 +74,9 @@ type SenderConfig struct {
 // result with an update fenced by the claim token. The ledger write that
 // created the row and the send are therefore never in one transaction, a
 // crash at any point leaves a row that says what is known, and since a row
-// is claimed only when its send begins, a crash leaves at most one row in
-// 'sending' for the stuck-send sweep to call unknown.
+// is claimed only when its send begins, a crash leaves at most one row per
+// worker (SenderConfig.Workers) in 'sending' for the stuck-send sweep to
+// call unknown.
 type Sender struct {
 	pool    *pgxpool.Pool
 	mailer  Mailer
@@ -96,6 +107,7 @@ func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, 
 	if cfg.MaxAge <= 0 {
 		cfg.MaxAge = 24 * time.Hour
 	}
+	cfg.Workers = min(max(cfg.Workers, 1), 256)
 	cfg.BackoffCap = max(cfg.BackoffCap, cfg.BackoffBase)
 	if log == nil {
 		log = slog.Default()
@@ -133,7 +145,8 @@ func (s *Sender) Run(ctx context.Context) error {
 
 // RunOnce does one pass over the ledger: it turns abandoned sends into
 // unknown, skips emails that became stale before they could be sent, then
-// sends due rows one claim at a time until none is due or ctx ends. It
+// sends due rows one claim at a time, Workers at once, until none is due
+// or ctx ends. It
 // returns how many rows it sent (whatever their outcome).
 func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	if err := s.sweepStuck(ctx); err != nil {
@@ -142,23 +155,42 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	if err := s.skipStale(ctx); err != nil {
 		return 0, err
 	}
-	n := 0
-	for ctx.Err() == nil {
-		sent, err := s.sendNext(ctx)
-		if err != nil {
-			return n, err
-		}
-		if !sent {
-			break
-		}
-		n++
+	// Workers claim and send until none finds a due row; the first error
+	// ends this pass for all of them.
+	var (
+		mu       sync.Mutex
+		n        int
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	for worker := range s.cfg.Workers {
+		wg.Go(func() {
+			for wctx.Err() == nil {
+				sent, err := s.sendNext(wctx, worker)
+				mu.Lock()
+				if sent {
+					n++
+				}
+				if err != nil && firstErr == nil {
+					firstErr = err
+					stop()
+				}
+				mu.Unlock()
+				if err != nil || !sent {
+					return
+				}
+			}
+		})
 	}
-	return n, nil
+	wg.Wait()
+	return n, firstErr
 }
 
 // sendNext claims one due row and sends it. It reports false when nothing
 // was due.
-func (s *Sender) sendNext(ctx context.Context) (bool, error) {
+func (s *Sender) sendNext(ctx context.Context, worker int) (bool, error) {
 	token := uuid.New()
 	// The claim does not follow ctx: cancelled mid-statement, pgx would
 	// drop the connection without knowing whether the server committed, and
@@ -169,7 +201,7 @@ func (s *Sender) sendNext(ctx context.Context) (bool, error) {
 	defer cancel()
 	row, err := notifydb.New(s.pool).EmailSendClaimOne(cctx, notifydb.EmailSendClaimOneParams{
 		ClaimToken: token, ClaimedBy: s.cfg.Owner, ResendUnknown: s.cfg.Policy == PolicyResend,
-		MaxAttempts: int32(s.cfg.MaxAttempts),
+		MaxAttempts: int32(s.cfg.MaxAttempts), Workers: int32(s.cfg.Workers), Worker: int32(worker),
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil

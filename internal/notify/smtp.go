@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -61,7 +62,7 @@ const quitTimeout = 5 * time.Second
 
 // SMTPMailer sends through an SMTP relay, with TLS and AUTH as configured.
 //
-// It keeps one established, authenticated connection between sends,
+// It keeps established, authenticated connections between sends,
 // because providers rate-limit new connections and each one costs a TLS
 // handshake and AUTH. A cached connection that turns out dead (the relay's
 // own idle timeout closed it) fails at MAIL FROM, before anything of the
@@ -69,11 +70,11 @@ const quitTimeout = 5 * time.Second
 // connection. After any other error the connection is closed: it is never
 // reused in an unknown state.
 //
-// SMTPMailer is safe for concurrent use. Its mutex guards the single cached
-// connection, never a send: a Send takes the connection out of the cache
-// and puts it back when done, and a concurrent Send that finds the cache
-// empty dials its own. Set the fields before the first Send and leave them
-// alone afterwards.
+// SMTPMailer is safe for concurrent use. Its mutex guards the cached
+// connections (up to MaxIdle, one per concurrent sender), never a send: a
+// Send takes a connection out of the cache and puts it back when done, and
+// a concurrent Send that finds the cache empty dials its own. Set the
+// fields before the first Send and leave them alone afterwards.
 type SMTPMailer struct {
 	// Addr is host:port of the relay.
 	Addr string
@@ -95,15 +96,23 @@ type SMTPMailer struct {
 	// TLS: on a plain connection Send fails with ErrPermanent before
 	// anything of the credentials is sent.
 	Username, Password string
-	// IdleTimeout closes the cached connection when no send has used it
-	// for this long; zero means DefaultIdleTimeout.
+	// IdleTimeout closes a cached connection when no send has used it for
+	// this long; zero means DefaultIdleTimeout.
 	IdleTimeout time.Duration
+	// MaxIdle is how many connections are kept between sends: as many as
+	// sends run at once (the Sender's Workers). Zero means one.
+	MaxIdle int
 
-	mu      sync.Mutex
-	idle    *smtpConn // the cached connection, or nil
-	idleGen uint64    // tells an expiry timer whether the connection it was set for is still the cached one
-	timer   *time.Timer
-	closed  bool // set by Close: no connection is cached any more
+	mu     sync.Mutex
+	idle   []*idleConn // the cached connections, the most recently used last
+	closed bool        // set by Close: no connection is cached any more
+}
+
+// idleConn is a cached connection and the timer that closes it when it
+// stays unused for IdleTimeout.
+type idleConn struct {
+	sc    *smtpConn
+	timer *time.Timer
 }
 
 // smtpConn is one established connection: greeted, TLS in place and
@@ -319,53 +328,53 @@ func (m *SMTPMailer) transact(ctx context.Context, sc *smtpConn, from, to string
 	return resp.StatusText, false, nil
 }
 
-// takeIdle takes the cached connection out of the cache, or returns nil.
+// takeIdle takes the most recently used cached connection out of the
+// cache, or returns nil.
 func (m *SMTPMailer) takeIdle() *smtpConn {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	sc := m.idle
-	m.idle = nil
-	if m.timer != nil {
-		m.timer.Stop()
-		m.timer = nil
+	if len(m.idle) == 0 {
+		return nil
 	}
-	return sc
+	ic := m.idle[len(m.idle)-1]
+	m.idle = m.idle[:len(m.idle)-1]
+	ic.timer.Stop()
+	return ic.sc
 }
 
-// putIdle caches a connection after a successful send, and arms the idle
-// timer. When another connection is already cached, or after Close, it
-// closes this one instead.
+// putIdle caches a connection after a successful send, and arms its idle
+// timer. When the cache is full, or after Close, it closes this one
+// instead.
 func (m *SMTPMailer) putIdle(sc *smtpConn) {
 	m.mu.Lock()
-	if m.closed || m.idle != nil {
+	if m.closed || len(m.idle) >= max(m.MaxIdle, 1) {
 		m.mu.Unlock()
 		m.quit(sc)
 		return
 	}
-	m.idle = sc
-	m.idleGen++
-	gen := m.idleGen
 	idle := m.IdleTimeout
 	if idle <= 0 {
 		idle = DefaultIdleTimeout
 	}
-	m.timer = time.AfterFunc(idle, func() { m.expire(gen) })
+	ic := &idleConn{sc: sc}
+	ic.timer = time.AfterFunc(idle, func() { m.expire(ic) })
+	m.idle = append(m.idle, ic)
 	m.mu.Unlock()
 }
 
-// expire closes the cached connection if it is still the one the timer
-// was armed for. A timer that fired while its connection was taken and put
-// back finds a newer generation and does nothing.
-func (m *SMTPMailer) expire(gen uint64) {
+// expire closes a cached connection if it is still in the cache. A timer
+// that fired while its connection was taken finds it gone and does
+// nothing; a connection put back gets a new entry and a new timer.
+func (m *SMTPMailer) expire(ic *idleConn) {
 	m.mu.Lock()
-	sc := m.idle
-	if sc == nil || m.idleGen != gen {
+	i := slices.Index(m.idle, ic)
+	if i < 0 {
 		m.mu.Unlock()
 		return
 	}
-	m.idle, m.timer = nil, nil
+	m.idle = slices.Delete(m.idle, i, i+1)
 	m.mu.Unlock()
-	m.quit(sc)
+	m.quit(ic.sc)
 }
 
 // quit ends a connection that no send is using, politely.
@@ -375,14 +384,14 @@ func (m *SMTPMailer) quit(sc *smtpConn) {
 	_ = sc.c.Close()
 }
 
-// Close closes the cached connection, and makes later sends close their
+// Close closes the cached connections, and makes later sends close their
 // connection when done instead of caching it. It never fails; the error
 // result makes SMTPMailer an io.Closer.
 func (m *SMTPMailer) Close() error {
 	m.mu.Lock()
 	m.closed = true
 	m.mu.Unlock()
-	if sc := m.takeIdle(); sc != nil {
+	for sc := m.takeIdle(); sc != nil; sc = m.takeIdle() {
 		m.quit(sc)
 	}
 	return nil

@@ -46,7 +46,7 @@ func TestSMTPMailer(t *testing.T) {
 	cached := func(m *SMTPMailer) bool {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		return m.idle != nil
+		return len(m.idle) > 0
 	}
 
 	t.Run("StartTLS", func(t *testing.T) {

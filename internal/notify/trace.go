@@ -88,22 +88,30 @@ func (c *Consumer) startConsume(ctx context.Context, r *kgo.Record, e inbox.Even
 	return c.tracer.Start(ctx, "process "+r.Topic, opts...)
 }
 
-// apply runs one event through the inbox inside the caller's transaction,
-// in a span of its own: the part of the transaction that belongs to this
-// record. The commit is the batch's and is not in it.
-func (c *Consumer) apply(ctx context.Context, tx pgx.Tx, e inbox.Event) (inbox.Result, error) {
-	ctx, span := c.tracer.Start(ctx, "inbox apply", trace.WithAttributes(
-		attribute.String("event.id", e.ID.String()),
-		attribute.String("event.type", e.Type),
-	))
-	defer span.End()
-	res, err := c.inbox.Process(ctx, tx, e)
-	if err != nil {
-		failSpan(span, err)
-		return res, err
+// applyAll runs events through the inbox inside the caller's transaction
+// (inbox.ProcessBatch), each in an apply span of its own, a child of its
+// record's consume span (ctxs, in the same order). The inbox handles the
+// events together, so each span covers the batch's inbox work, not only
+// the event's part; the commit is the batch's and is in none of them.
+func (c *Consumer) applyAll(ctx context.Context, tx pgx.Tx, events []inbox.Event, ctxs []context.Context) ([]inbox.Result, error) {
+	spans := make([]trace.Span, len(events))
+	for i, e := range events {
+		_, spans[i] = c.tracer.Start(ctxs[i], "inbox apply", trace.WithAttributes(
+			attribute.String("event.id", e.ID.String()),
+			attribute.String("event.type", e.Type),
+			attribute.Int("inbox.batch_size", len(events)),
+		))
 	}
-	span.SetAttributes(attribute.String("inbox.outcome", string(res.Outcome)), attribute.Int("inbox.applied", len(res.Applied)))
-	return res, nil
+	results, err := c.inbox.ProcessBatch(ctx, tx, events)
+	for i, span := range spans {
+		if err != nil {
+			failSpan(span, err)
+		} else {
+			span.SetAttributes(attribute.String("inbox.outcome", string(results[i].Outcome)), attribute.Int("inbox.applied", len(results[i].Applied)))
+		}
+		span.End()
+	}
+	return results, err
 }
 
 // startSend starts the span of one SMTP send, a child of the trace context

@@ -60,6 +60,31 @@ func (q *Queries) InboxAggregateAdvance(ctx context.Context, arg InboxAggregateA
 	return result.RowsAffected(), nil
 }
 
+const inboxAggregateAdvanceMany = `-- name: InboxAggregateAdvanceMany :execrows
+UPDATE inbox_aggregate a
+SET last_version = u.new_version, updated_at = clock_timestamp()
+FROM (SELECT unnest($1::text[]) AS aggregate_type, unnest($2::text[]) AS aggregate_id,
+             unnest($3::bigint[]) AS new_version) u
+WHERE a.aggregate_type = u.aggregate_type AND a.aggregate_id = u.aggregate_id
+  AND a.last_version < u.new_version
+`
+
+type InboxAggregateAdvanceManyParams struct {
+	AggregateTypes []string
+	AggregateIDs   []string
+	NewVersions    []int64
+}
+
+// Moves each aggregate to its new version, never backwards, as
+// InboxAggregateAdvance does for one.
+func (q *Queries) InboxAggregateAdvanceMany(ctx context.Context, arg InboxAggregateAdvanceManyParams) (int64, error) {
+	result, err := q.db.Exec(ctx, inboxAggregateAdvanceMany, arg.AggregateTypes, arg.AggregateIDs, arg.NewVersions)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const inboxAggregateCloseGap = `-- name: InboxAggregateCloseGap :exec
 UPDATE inbox_aggregate
 SET gap_since = NULL, resync_after = NULL, resync_attempts = 0, last_resync_error = NULL,
@@ -118,6 +143,28 @@ func (q *Queries) InboxAggregateEnsure(ctx context.Context, arg InboxAggregateEn
 	return err
 }
 
+const inboxAggregateEnsureMany = `-- name: InboxAggregateEnsureMany :exec
+
+INSERT INTO inbox_aggregate (aggregate_type, aggregate_id)
+SELECT unnest($1::text[]), unnest($2::text[])
+ON CONFLICT (aggregate_type, aggregate_id) DO NOTHING
+`
+
+type InboxAggregateEnsureManyParams struct {
+	AggregateTypes []string
+	AggregateIDs   []string
+}
+
+// The set-based path of ProcessBatch: one statement for a whole batch
+// instead of one per event. The arrays are parallel, one element per event
+// or per aggregate (several set-returning functions in one select list
+// advance together, row by row), sorted by the caller so that concurrent
+// batches take their row locks in the same order.
+func (q *Queries) InboxAggregateEnsureMany(ctx context.Context, arg InboxAggregateEnsureManyParams) error {
+	_, err := q.db.Exec(ctx, inboxAggregateEnsureMany, arg.AggregateTypes, arg.AggregateIDs)
+	return err
+}
+
 const inboxAggregateLock = `-- name: InboxAggregateLock :one
 SELECT aggregate_type, aggregate_id, last_version, gap_since, resync_after, resync_attempts, last_resync_error, updated_at, diverged_at, diverged_from FROM inbox_aggregate
 WHERE aggregate_type = $1 AND aggregate_id = $2
@@ -146,6 +193,58 @@ func (q *Queries) InboxAggregateLock(ctx context.Context, arg InboxAggregateLock
 		&i.DivergedFrom,
 	)
 	return i, err
+}
+
+const inboxAggregateLockMany = `-- name: InboxAggregateLockMany :many
+SELECT a.aggregate_type, a.aggregate_id, a.last_version,
+       (a.gap_since IS NOT NULL OR a.diverged_at IS NOT NULL
+        OR EXISTS (SELECT 1 FROM inbox_held_event h
+                   WHERE h.aggregate_type = a.aggregate_type AND h.aggregate_id = a.aggregate_id))::boolean AS unusual
+FROM inbox_aggregate a
+JOIN (SELECT unnest($1::text[]) AS aggregate_type, unnest($2::text[]) AS aggregate_id) u
+  ON a.aggregate_type = u.aggregate_type AND a.aggregate_id = u.aggregate_id
+ORDER BY a.aggregate_type, a.aggregate_id
+FOR UPDATE OF a
+`
+
+type InboxAggregateLockManyParams struct {
+	AggregateTypes []string
+	AggregateIDs   []string
+}
+
+type InboxAggregateLockManyRow struct {
+	AggregateType string
+	AggregateID   string
+	LastVersion   int64
+	Unusual       bool
+}
+
+// Locks the batch's aggregates in key order and reads what decides whether
+// an event may take the set-based path: the applied version, an open gap,
+// a forked history, and whether anything is held or parked for it.
+func (q *Queries) InboxAggregateLockMany(ctx context.Context, arg InboxAggregateLockManyParams) ([]InboxAggregateLockManyRow, error) {
+	rows, err := q.db.Query(ctx, inboxAggregateLockMany, arg.AggregateTypes, arg.AggregateIDs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []InboxAggregateLockManyRow{}
+	for rows.Next() {
+		var i InboxAggregateLockManyRow
+		if err := rows.Scan(
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.LastVersion,
+			&i.Unusual,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const inboxAggregateOpenGap = `-- name: InboxAggregateOpenGap :exec
@@ -1057,6 +1156,17 @@ func (q *Queries) ProcessedEventCleanup(ctx context.Context, arg ProcessedEventC
 	return result.RowsAffected(), nil
 }
 
+const processedEventDeleteMany = `-- name: ProcessedEventDeleteMany :exec
+DELETE FROM processed_event WHERE event_id = ANY($1::uuid[])
+`
+
+// Takes back markers this transaction has just inserted (ProcessBatch, when
+// one event_id of the batch turned out to be known).
+func (q *Queries) ProcessedEventDeleteMany(ctx context.Context, eventIds []uuid.UUID) error {
+	_, err := q.db.Exec(ctx, processedEventDeleteMany, eventIds)
+	return err
+}
+
 const processedEventFork = `-- name: ProcessedEventFork :execrows
 UPDATE processed_event
 SET outcome = 'forked'
@@ -1131,6 +1241,51 @@ func (q *Queries) ProcessedEventInsert(ctx context.Context, arg ProcessedEventIn
 	var event_id uuid.UUID
 	err := row.Scan(&event_id)
 	return event_id, err
+}
+
+const processedEventInsertMany = `-- name: ProcessedEventInsertMany :many
+INSERT INTO processed_event (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, outcome)
+SELECT unnest($1::uuid[]), unnest($2::text[]), unnest($3::text[]),
+       unnest($4::bigint[]), unnest($5::text[]), 'applied'
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id
+`
+
+type ProcessedEventInsertManyParams struct {
+	EventIDs          []uuid.UUID
+	AggregateTypes    []string
+	AggregateIDs      []string
+	AggregateVersions []int64
+	EventTypes        []string
+}
+
+// The dedup markers of a batch, all 'applied'. An event_id that is already
+// known returns no row, exactly as ProcessedEventInsert; the caller checks
+// that every marker was new.
+func (q *Queries) ProcessedEventInsertMany(ctx context.Context, arg ProcessedEventInsertManyParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, processedEventInsertMany,
+		arg.EventIDs,
+		arg.AggregateTypes,
+		arg.AggregateIDs,
+		arg.AggregateVersions,
+		arg.EventTypes,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var event_id uuid.UUID
+		if err := rows.Scan(&event_id); err != nil {
+			return nil, err
+		}
+		items = append(items, event_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const processedEventOwner = `-- name: ProcessedEventOwner :one

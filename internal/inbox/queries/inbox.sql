@@ -277,3 +277,53 @@ SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, ex
 FROM inbox_conflict
 ORDER BY detected_at, event_id
 LIMIT @row_limit;
+
+-- The set-based path of ProcessBatch: one statement for a whole batch
+-- instead of one per event. The arrays are parallel, one element per event
+-- or per aggregate (several set-returning functions in one select list
+-- advance together, row by row), sorted by the caller so that concurrent
+-- batches take their row locks in the same order.
+
+-- name: InboxAggregateEnsureMany :exec
+INSERT INTO inbox_aggregate (aggregate_type, aggregate_id)
+SELECT unnest(@aggregate_types::text[]), unnest(@aggregate_ids::text[])
+ON CONFLICT (aggregate_type, aggregate_id) DO NOTHING;
+
+-- name: InboxAggregateLockMany :many
+-- Locks the batch's aggregates in key order and reads what decides whether
+-- an event may take the set-based path: the applied version, an open gap,
+-- a forked history, and whether anything is held or parked for it.
+SELECT a.aggregate_type, a.aggregate_id, a.last_version,
+       (a.gap_since IS NOT NULL OR a.diverged_at IS NOT NULL
+        OR EXISTS (SELECT 1 FROM inbox_held_event h
+                   WHERE h.aggregate_type = a.aggregate_type AND h.aggregate_id = a.aggregate_id))::boolean AS unusual
+FROM inbox_aggregate a
+JOIN (SELECT unnest(@aggregate_types::text[]) AS aggregate_type, unnest(@aggregate_ids::text[]) AS aggregate_id) u
+  ON a.aggregate_type = u.aggregate_type AND a.aggregate_id = u.aggregate_id
+ORDER BY a.aggregate_type, a.aggregate_id
+FOR UPDATE OF a;
+
+-- name: ProcessedEventDeleteMany :exec
+-- Takes back markers this transaction has just inserted (ProcessBatch, when
+-- one event_id of the batch turned out to be known).
+DELETE FROM processed_event WHERE event_id = ANY(@event_ids::uuid[]);
+
+-- name: ProcessedEventInsertMany :many
+-- The dedup markers of a batch, all 'applied'. An event_id that is already
+-- known returns no row, exactly as ProcessedEventInsert; the caller checks
+-- that every marker was new.
+INSERT INTO processed_event (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, outcome)
+SELECT unnest(@event_ids::uuid[]), unnest(@aggregate_types::text[]), unnest(@aggregate_ids::text[]),
+       unnest(@aggregate_versions::bigint[]), unnest(@event_types::text[]), 'applied'
+ON CONFLICT (event_id) DO NOTHING
+RETURNING event_id;
+
+-- name: InboxAggregateAdvanceMany :execrows
+-- Moves each aggregate to its new version, never backwards, as
+-- InboxAggregateAdvance does for one.
+UPDATE inbox_aggregate a
+SET last_version = u.new_version, updated_at = clock_timestamp()
+FROM (SELECT unnest(@aggregate_types::text[]) AS aggregate_type, unnest(@aggregate_ids::text[]) AS aggregate_id,
+             unnest(@new_versions::bigint[]) AS new_version) u
+WHERE a.aggregate_type = u.aggregate_type AND a.aggregate_id = u.aggregate_id
+  AND a.last_version < u.new_version;

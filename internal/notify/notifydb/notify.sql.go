@@ -126,6 +126,7 @@ WHERE operation_key = (
     WHERE e.next_attempt_at <= clock_timestamp()
       AND (e.state = 'pending'
            OR (e.state = 'unknown' AND $3::boolean AND e.attempts < $4::integer))
+      AND get_byte(uuid_send(e.order_id), 15) % $5::integer = $6::integer
     ORDER BY e.next_attempt_at, e.operation_key
     LIMIT 1
     FOR UPDATE SKIP LOCKED
@@ -138,19 +139,26 @@ type EmailSendClaimOneParams struct {
 	ClaimedBy     string
 	ResendUnknown bool
 	MaxAttempts   int32
+	Workers       int32
+	Worker        int32
 }
 
 // Claims the next due row in a short transaction of its own; the send
 // happens after commit. One row per claim, so that only an email whose send
 // has really begun is ever 'sending': a sender that dies leaves at most one
 // row for the stuck-send sweep. SKIP LOCKED lets several senders share the
-// ledger. Unknown rows are claimed only under the resend policy.
+// ledger. Unknown rows are claimed only under the resend policy. A sender
+// with several workers gives each its share of the orders (by the last byte
+// of the order id, which is random), so one order's emails still go out one
+// after the other, in the order they were written, as with one worker.
 func (q *Queries) EmailSendClaimOne(ctx context.Context, arg EmailSendClaimOneParams) (EmailSend, error) {
 	row := q.db.QueryRow(ctx, emailSendClaimOne,
 		arg.ClaimToken,
 		arg.ClaimedBy,
 		arg.ResendUnknown,
 		arg.MaxAttempts,
+		arg.Workers,
+		arg.Worker,
 	)
 	var i EmailSend
 	err := row.Scan(
@@ -406,6 +414,57 @@ func (q *Queries) EmailSendInsert(ctx context.Context, arg EmailSendInsertParams
 	return i, err
 }
 
+const emailSendInsertMany = `-- name: EmailSendInsertMany :exec
+INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
+                        aggregate_version, event_time, recipient, subject, body, state,
+                        traceparent, tracestate)
+SELECT u.operation_key, u.event_id, u.message_id, u.order_id, u.event_type,
+       u.aggregate_version, u.event_time, u.recipient, u.subject, u.body, 'pending',
+       nullif(u.traceparent, ''), nullif(u.tracestate, '')
+FROM (SELECT unnest($1::text[]) AS operation_key, unnest($2::uuid[]) AS event_id,
+             unnest($3::text[]) AS message_id, unnest($4::uuid[]) AS order_id,
+             unnest($5::text[]) AS event_type, unnest($6::bigint[]) AS aggregate_version,
+             unnest($7::timestamptz[]) AS event_time, unnest($8::text[]) AS recipient,
+             unnest($9::text[]) AS subject, unnest($10::text[]) AS body,
+             unnest($11::text[]) AS traceparent, unnest($12::text[]) AS tracestate) u
+ON CONFLICT (operation_key) DO NOTHING
+`
+
+type EmailSendInsertManyParams struct {
+	OperationKeys     []string
+	EventIDs          []uuid.UUID
+	MessageIDs        []string
+	OrderIDs          []uuid.UUID
+	EventTypes        []string
+	AggregateVersions []int64
+	EventTimes        []time.Time
+	Recipients        []string
+	Subjects          []string
+	Bodies            []string
+	Traceparents      []string
+	Tracestates       []string
+}
+
+// EmailSendInsert for a batch's pending emails: a row that exists (the
+// event came back) is left as it is. Empty trace fields mean none.
+func (q *Queries) EmailSendInsertMany(ctx context.Context, arg EmailSendInsertManyParams) error {
+	_, err := q.db.Exec(ctx, emailSendInsertMany,
+		arg.OperationKeys,
+		arg.EventIDs,
+		arg.MessageIDs,
+		arg.OrderIDs,
+		arg.EventTypes,
+		arg.AggregateVersions,
+		arg.EventTimes,
+		arg.Recipients,
+		arg.Subjects,
+		arg.Bodies,
+		arg.Traceparents,
+		arg.Tracestates,
+	)
+	return err
+}
+
 const emailSendLaterExists = `-- name: EmailSendLaterExists :one
 SELECT EXISTS (
     SELECT 1 FROM email_send
@@ -425,6 +484,44 @@ func (q *Queries) EmailSendLaterExists(ctx context.Context, arg EmailSendLaterEx
 	var column_1 bool
 	err := row.Scan(&column_1)
 	return column_1, err
+}
+
+const emailSendLatestVersions = `-- name: EmailSendLatestVersions :many
+SELECT u.order_id::uuid AS order_id,
+       coalesce((SELECT e.aggregate_version FROM email_send e
+                 WHERE e.order_id = u.order_id AND e.aggregate_version IS NOT NULL
+                 ORDER BY e.aggregate_version DESC LIMIT 1), 0)::bigint AS latest_version
+FROM unnest($1::uuid[]) AS u(order_id)
+`
+
+type EmailSendLatestVersionsRow struct {
+	OrderID       uuid.UUID
+	LatestVersion int64
+}
+
+// The highest version each order has an email for: EmailSendLaterExists
+// for a whole batch, read once before its rows are written; 0 when the
+// order has no email yet (versions start at 1). One backward
+// step on email_send_order_version_idx per order: written as a plain
+// "order_id = ANY(...) GROUP BY", the planner may read the whole ledger.
+func (q *Queries) EmailSendLatestVersions(ctx context.Context, orderIds []uuid.UUID) ([]EmailSendLatestVersionsRow, error) {
+	rows, err := q.db.Query(ctx, emailSendLatestVersions, orderIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []EmailSendLatestVersionsRow{}
+	for rows.Next() {
+		var i EmailSendLatestVersionsRow
+		if err := rows.Scan(&i.OrderID, &i.LatestVersion); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const emailSendListByOrder = `-- name: EmailSendListByOrder :many
@@ -887,6 +984,41 @@ func (q *Queries) ProjectionGet(ctx context.Context, orderID uuid.UUID) (OrderPr
 	return i, err
 }
 
+const projectionGetMany = `-- name: ProjectionGetMany :many
+SELECT order_id, email, status, currency, total_cents, refund_requested_cents, version, last_event_id, updated_at FROM order_projection WHERE order_id = ANY($1::uuid[])
+`
+
+// The projections of a batch's orders, read once for the whole batch.
+func (q *Queries) ProjectionGetMany(ctx context.Context, orderIds []uuid.UUID) ([]OrderProjection, error) {
+	rows, err := q.db.Query(ctx, projectionGetMany, orderIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []OrderProjection{}
+	for rows.Next() {
+		var i OrderProjection
+		if err := rows.Scan(
+			&i.OrderID,
+			&i.Email,
+			&i.Status,
+			&i.Currency,
+			&i.TotalCents,
+			&i.RefundRequestedCents,
+			&i.Version,
+			&i.LastEventID,
+			&i.UpdatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const projectionReplace = `-- name: ProjectionReplace :exec
 INSERT INTO order_projection (order_id, email, status, currency, total_cents, version)
 VALUES ($1, $2, $3, $4, $5, $6)
@@ -967,6 +1099,68 @@ func (q *Queries) ProjectionUpsert(ctx context.Context, arg ProjectionUpsertPara
 		arg.RefundRequestedCents,
 		arg.Version,
 		arg.LastEventID,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const projectionUpsertMany = `-- name: ProjectionUpsertMany :execrows
+INSERT INTO order_projection (order_id, email, status, currency, total_cents,
+                              refund_requested_cents, version, last_event_id)
+SELECT u.order_id, u.email, u.status, nullif(u.currency, ''),
+       CASE WHEN u.has_total THEN u.total_cents END,
+       CASE WHEN u.has_refund THEN u.refund_cents END,
+       u.version, u.last_event_id
+FROM (SELECT unnest($1::uuid[]) AS order_id, unnest($2::text[]) AS email,
+             unnest($3::text[]) AS status, unnest($4::text[]) AS currency,
+             unnest($5::bigint[]) AS total_cents, unnest($6::boolean[]) AS has_total,
+             unnest($7::bigint[]) AS refund_cents, unnest($8::boolean[]) AS has_refund,
+             unnest($9::bigint[]) AS version, unnest($10::uuid[]) AS last_event_id) u
+ON CONFLICT (order_id) DO UPDATE
+SET email                  = EXCLUDED.email,
+    status                 = EXCLUDED.status,
+    currency               = coalesce(EXCLUDED.currency, order_projection.currency),
+    total_cents            = coalesce(EXCLUDED.total_cents, order_projection.total_cents),
+    refund_requested_cents = coalesce(EXCLUDED.refund_requested_cents, order_projection.refund_requested_cents),
+    version                = EXCLUDED.version,
+    last_event_id          = EXCLUDED.last_event_id,
+    updated_at             = clock_timestamp()
+WHERE order_projection.version < EXCLUDED.version
+`
+
+type ProjectionUpsertManyParams struct {
+	OrderIDs     []uuid.UUID
+	Emails       []string
+	Statuses     []string
+	Currencies   []string
+	TotalCents   []int64
+	HasTotal     []bool
+	RefundCents  []int64
+	HasRefund    []bool
+	Versions     []int64
+	LastEventIDs []uuid.UUID
+}
+
+// ProjectionUpsert for a batch: one row per order, its state after the
+// batch's last event of it. The arrays are parallel, one element per
+// order (set-returning functions in one select list advance together).
+// A nullable number comes as a value and a "has a value" flag, since the
+// generated array parameters cannot carry NULL elements; an empty
+// currency means none. The caller checks that every row was written.
+func (q *Queries) ProjectionUpsertMany(ctx context.Context, arg ProjectionUpsertManyParams) (int64, error) {
+	result, err := q.db.Exec(ctx, projectionUpsertMany,
+		arg.OrderIDs,
+		arg.Emails,
+		arg.Statuses,
+		arg.Currencies,
+		arg.TotalCents,
+		arg.HasTotal,
+		arg.RefundCents,
+		arg.HasRefund,
+		arg.Versions,
+		arg.LastEventIDs,
 	)
 	if err != nil {
 		return 0, err
