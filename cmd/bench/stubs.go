@@ -5,6 +5,5 @@ import (
 	"errors"
 )
 
-func (b *bench) notifierScenario(ctx context.Context) error { return errors.New("not yet") }
 func (b *bench) latencyScenario(ctx context.Context) error  { return errors.New("not yet") }
 func (b *bench) recoveryScenario(ctx context.Context) error { return errors.New("not yet") }
