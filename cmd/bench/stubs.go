@@ -5,5 +5,4 @@ import (
 	"errors"
 )
 
-func (b *bench) latencyScenario(ctx context.Context) error  { return errors.New("not yet") }
 func (b *bench) recoveryScenario(ctx context.Context) error { return errors.New("not yet") }
