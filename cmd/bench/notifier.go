@@ -103,12 +103,15 @@ func (b *bench) notifierScenario(ctx context.Context) error {
 		return err
 	}
 	defer opool.Close()
-	env, _, err := b.relayEnv(odb, baddr)
+	env, metrics, err := b.relayEnv(odb, baddr)
 	if err != nil {
 		return err
 	}
 	relay, err := b.start("orders relay", b.bins["orders"], env, "relay")
 	if err != nil {
+		return err
+	}
+	if err := relay.waitHTTP(ctx, "http://"+metrics+"/readyz"); err != nil {
 		return err
 	}
 	if _, err := drainTime(ctx, opool, time.Now(), b.opts.DrainTimeout, []*proc{relay, broker}); err != nil {
