@@ -91,7 +91,7 @@ func (b *bench) latencyScenario(ctx context.Context) error {
 	load := openLoad(ctx, base, b.opts.Rate, b.opts.LatencyDuration)
 	loadEnd := time.Now()
 	b.logf("open loop: %d sent, %d created, %d failed, %d dropped in %s", load.Sent, load.OK, load.Failed, load.Dropped, load.Duration.Round(time.Millisecond))
-	err = waitFor(ctx, 2*time.Minute, 250*time.Millisecond, procs, func(ctx context.Context) (bool, error) {
+	err = waitFor(ctx, b.opts.DrainTimeout, 250*time.Millisecond, procs, func(ctx context.Context) (bool, error) {
 		var pending, created, processed int64
 		if err := opool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FROM outbox").Scan(&pending, &created); err != nil {
 			return false, err
