@@ -169,6 +169,12 @@ func claimConfirmLoop(ctx context.Context, pool *pgxpool.Pool, batch int) (int, 
 // unorderedLoop drains the outbox with the plain pattern that ignores
 // aggregate order: lock the oldest pending rows, skipping locked ones, and
 // mark them delivered by primary key, in one transaction per batch.
+//
+// Oldest is taken in the order of the outbox's pending index
+// (next_attempt_at, created_at), which for a backlog that never failed is
+// the order of created_at: ORDER BY created_at alone has no index and
+// would sort every pending row for each batch (about 150 ms a batch with
+// 100,000 pending here), which measures the sort, not the claim.
 func unorderedLoop(ctx context.Context, pool *pgxpool.Pool, batch int) (int, time.Duration, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -180,8 +186,9 @@ func unorderedLoop(ctx context.Context, pool *pgxpool.Pool, batch int) (int, tim
 	for {
 		var got int
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			rows, err := tx.Query(ctx, `SELECT event_id FROM outbox WHERE state = 'pending'
-				ORDER BY created_at LIMIT $1 FOR UPDATE SKIP LOCKED`, batch)
+			rows, err := tx.Query(ctx, `SELECT event_id FROM outbox
+				WHERE state = 'pending' AND next_attempt_at <= now()
+				ORDER BY next_attempt_at, created_at LIMIT $1 FOR UPDATE SKIP LOCKED`, batch)
 			if err != nil {
 				return err
 			}
