@@ -201,11 +201,11 @@ func (b *bench) latencyScenario(ctx context.Context) error {
 		lagSum := summarize(lag)
 		pendSum := summarize(pend)
 		b.rep.add(result{Scenario: sc, Figure: "unapplied events, max of 1 s samples", Value: lagSum.Max, Unit: "events",
-			Reference: "events per second", RefValue: float64(b.opts.Rate), Target: "ratio <= 0.1",
+			Reference: "one second of load", RefValue: float64(b.opts.Rate), Target: "ratio <= 0.1",
 			Note: fmt.Sprintf("each second during the load: outbox rows minus the notifier's inbox markers (unapplied) and pending outbox rows; unapplied p50 %s, pending p50 %s max %s",
 				formatValue(lagSum.P50, ""), formatValue(pendSum.P50, ""), formatValue(pendSum.Max, ""))})
 		b.rep.add(result{Scenario: sc, Figure: "unapplied events, trend", Value: slope(lag), Unit: "events/s",
-			Reference: "events per second", RefValue: float64(b.opts.Rate), Target: "flat: |ratio| <= 0.01",
+			Reference: "requested rate", RefValue: float64(b.opts.Rate), Target: "flat: |ratio| <= 0.01",
 			Note: "least-squares slope of the unapplied samples over the load: positive means the notifier falls behind"})
 	}
 	return nil
