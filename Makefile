@@ -56,13 +56,15 @@ build: ## Build all binaries into ./bin.
 	go build -o bin/ ./cmd/...
 
 .PHONY: bench
-bench: ## Run the benchmarks (write path, relay drain, consumer throughput), five iterations each.
+bench: ## Run the Go benchmarks, then the end-to-end benchmark tool (cmd/bench, 10-20 minutes).
 	go test -run '^$$' -bench Commands -benchtime 2000x ./internal/orders
 	go test -run '^$$' -bench . -benchtime 5x ./internal/outbox ./internal/notify
+	go run ./cmd/bench all
 
 .PHONY: bench-smoke
-bench-smoke: ## Run every benchmark for one iteration, so they keep working (CI does this).
+bench-smoke: ## Run every benchmark for one iteration and the benchmark tool at tiny sizes, so they keep working (CI does this).
 	go test -run '^$$' -bench . -benchtime 1x ./internal/...
+	go run ./cmd/bench -tiny all
 
 # Every decoder of outside input, with the package that holds its fuzz
 # target: HTTP bodies, Kafka records (the wire format, the inbox's

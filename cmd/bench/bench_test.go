@@ -1,0 +1,176 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestPercentileNearestRank(t *testing.T) {
+	vals := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	assert.Equal(t, 5.0, percentile(vals, 50))
+	assert.Equal(t, 10.0, percentile(vals, 99))
+	assert.Equal(t, 10.0, percentile(vals, 100))
+	assert.Equal(t, 1.0, percentile(vals, 1))
+	assert.Equal(t, 0.0, percentile(nil, 50))
+	assert.Equal(t, 7.0, percentile([]float64{7}, 99))
+
+	hundred := make([]float64, 100)
+	for i := range hundred {
+		hundred[i] = float64(i + 1)
+	}
+	assert.Equal(t, 99.0, percentile(hundred, 99))
+	assert.Equal(t, 50.0, percentile(hundred, 50))
+}
+
+func TestSummarizeDoesNotReorderItsInput(t *testing.T) {
+	in := []float64{30, 10, 20}
+	s := summarize(in)
+	assert.Equal(t, summary{N: 3, P50: 20, P99: 30, Max: 30}, s)
+	assert.Equal(t, []float64{30, 10, 20}, in)
+	assert.Equal(t, summary{}, summarize(nil))
+}
+
+func TestWindowP99(t *testing.T) {
+	start := time.Unix(1000, 0)
+	at := func(sec float64, ms float64) sample {
+		return sample{At: start.Add(time.Duration(sec * float64(time.Second))), MS: ms}
+	}
+	got := windowP99([]sample{at(0, 1), at(1, 3), at(4.9, 2), at(12, 9), at(-1, 4)}, start, 5*time.Second)
+	// A sample before the start counts in the first window; the empty
+	// window between is 0.
+	assert.Equal(t, []float64{4, 0, 9}, got)
+	assert.Nil(t, windowP99(nil, start, 5*time.Second))
+}
+
+func TestSlope(t *testing.T) {
+	assert.InDelta(t, 2.0, slope([]float64{1, 3, 5, 7}), 1e-9)
+	assert.InDelta(t, 0.0, slope([]float64{4, 4, 4}), 1e-9)
+	assert.InDelta(t, -1.0, slope([]float64{3, 2, 1}), 1e-9)
+	assert.Equal(t, 0.0, slope([]float64{5}))
+}
+
+func TestFormatValue(t *testing.T) {
+	for _, c := range []struct {
+		v    float64
+		unit string
+		want string
+	}{
+		{1234567, "events/s", "1,234,567 events/s"},
+		{9500.4, "", "9,500"},
+		{42.25, "ms", "42.2 ms"},
+		{3.14159, "ms", "3.14 ms"},
+		{-1500, "", "-1,500"},
+		{0, "rows", "0 rows"},
+		{999, "", "999"},
+	} {
+		assert.Equal(t, c.want, formatValue(c.v, c.unit), "%v", c.v)
+	}
+	assert.Equal(t, "-", formatRatio(0))
+	assert.Equal(t, "0.93", formatRatio(0.9251))
+}
+
+func TestWriteTable(t *testing.T) {
+	rep := &report{}
+	rep.add(result{Scenario: "relay", Figure: "drain", Value: 9000, Unit: "events/s",
+		Reference: "SQL loop", RefValue: 10000, Target: "ratio >= 0.9", Note: "how it was timed"})
+	rep.add(result{Scenario: "api", Figure: "p99", Value: 12.5, Unit: "ms"})
+	rep.Failures = []string{"notifier: boom"}
+	var buf bytes.Buffer
+	require.NoError(t, writeTable(&buf, rep))
+	lines := strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")
+	require.Len(t, lines, 5)
+	assert.Equal(t, []string{"scenario", "figure", "value", "reference", "ratio", "target"}, strings.Fields(lines[0]))
+	assert.Contains(t, lines[1], "drain [1]")
+	assert.Contains(t, lines[1], "9,000 events/s")
+	assert.Contains(t, lines[1], "SQL loop = 10,000 events/s")
+	assert.Contains(t, lines[1], "0.90")
+	assert.Contains(t, lines[1], "ratio >= 0.9")
+	// The columns line up: every row's value starts where the header's does.
+	col := strings.Index(lines[0], "value")
+	assert.Equal(t, "9,000", lines[1][col:col+5])
+	assert.Equal(t, "12.5", lines[2][col:col+4])
+	assert.Equal(t, "[1] how it was timed", lines[3])
+	assert.Equal(t, "FAILED: notifier: boom", lines[4])
+	assert.InDelta(t, 0.9, rep.Results[0].Ratio, 1e-9)
+	assert.Equal(t, 0.0, rep.Results[1].Ratio)
+}
+
+func TestParseArgs(t *testing.T) {
+	o, err := parseArgs([]string{"all"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, scenarioNames, o.Scenarios)
+	assert.Equal(t, 200000, o.Backlog)
+	assert.Equal(t, 30*time.Second, o.APIDuration)
+	assert.Equal(t, 32, o.Conns)
+	assert.Equal(t, 1000, o.Rate)
+	assert.Equal(t, 1000000, o.RecoveryBacklog)
+	assert.Equal(t, defaultRelayBatch, o.batchSize())
+
+	o, err = parseArgs([]string{"-tiny", "-backlog", "1000", "notifier", "relay", "relay"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"notifier", "relay"}, o.Scenarios)
+	assert.Equal(t, 1000, o.Backlog, "an explicit flag wins over -tiny")
+	assert.Less(t, o.NotifierBacklog, 200000)
+	assert.Less(t, o.LatencyDuration, 60*time.Second)
+
+	o, err = parseArgs([]string{"-relay-batch", "500", "relay"}, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, 500, o.batchSize())
+
+	for _, bad := range [][]string{{}, {"nope"}, {"-rate", "0", "latency"}, {"-api-duration", "0s", "api"}, {"-relay-batch", "-1", "relay"}} {
+		_, err := parseArgs(bad, io.Discard)
+		assert.Error(t, err, "%q", bad)
+	}
+	_, err = parseArgs([]string{"-h"}, io.Discard)
+	assert.ErrorIs(t, err, errHelp)
+}
+
+func TestParseWrk(t *testing.T) {
+	out := `Running 30s test @ http://127.0.0.1:4000/orders
+  2 threads and 32 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency    10.01ms    3.00ms  80.00ms   90.00%
+  95000 requests in 30.01s, 40.00MB read
+  Socket errors: connect 0, read 1, write 0, timeout 2
+  Non-2xx or 3xx responses: 7
+Requests/sec:   3165.61
+`
+	r, err := parseWrk(out)
+	require.NoError(t, err)
+	assert.Equal(t, int64(94990), r.OK)
+	assert.Equal(t, int64(10), r.Other)
+	assert.Equal(t, 30010*time.Millisecond, r.Duration)
+
+	_, err = parseWrk("nothing useful")
+	assert.Error(t, err)
+}
+
+func TestPgbenchTPS(t *testing.T) {
+	out := []byte("number of transactions actually processed: 1000\nlatency average = 3.2 ms\ntps = 2345.678901 (without initial connection time)\n")
+	tps, err := pgbenchTPS(out)
+	require.NoError(t, err)
+	assert.InDelta(t, 2345.678901, tps, 1e-6)
+	_, err = pgbenchTPS([]byte("error"))
+	assert.Error(t, err)
+}
+
+func TestParseStatusField(t *testing.T) {
+	status := "Name:\torders\nVmPeak:\t  900000 kB\nVmHWM:\t   51200 kB\nVmRSS:\t   40960 kB\n"
+	assert.Equal(t, 50.0, parseStatusField(bufio.NewScanner(strings.NewReader(status)), "VmHWM"))
+	assert.Equal(t, 40.0, parseStatusField(bufio.NewScanner(strings.NewReader(status)), "VmRSS"))
+	assert.Equal(t, 0.0, parseStatusField(bufio.NewScanner(strings.NewReader(status)), "VmSwap"))
+}
+
+func TestGroupThousands(t *testing.T) {
+	assert.Equal(t, "1", groupThousands("1"))
+	assert.Equal(t, "1,000", groupThousands("1000"))
+	assert.Equal(t, "12,345,678", groupThousands("12345678"))
+	assert.Equal(t, "-100,000", groupThousands("-100000"))
+}
