@@ -63,7 +63,7 @@ bench: ## Run the Go benchmarks, then the end-to-end benchmark tool (cmd/bench, 
 
 .PHONY: bench-smoke
 bench-smoke: ## Run every benchmark for one iteration and the benchmark tool at tiny sizes, so they keep working (CI does this).
-	go test -run '^$$' -bench . -benchtime 1x ./internal/...
+	go test -short -run '^$$' -bench . -benchtime 1x ./internal/...
 	go run ./cmd/bench -tiny all
 
 # Every decoder of outside input, with the package that holds its fuzz

@@ -38,7 +38,7 @@ import (
 //
 //	go test -run '^$' -bench 'BenchmarkConsume/records=100$' -benchtime=1x ./internal/notify/
 func BenchmarkConsume(b *testing.B) {
-	for _, size := range []struct{ orders, perOrder int }{{20, 5}, {200, 10}, {1000, 10}} {
+	for _, size := range benchSizes([]benchSize{{20, 5}, {200, 10}, {1000, 10}}) {
 		b.Run(fmt.Sprintf("records=%d", size.orders*size.perOrder), func(b *testing.B) {
 			benchmarkConsume(b, size.orders, size.perOrder, 0)
 		})
@@ -49,11 +49,22 @@ func BenchmarkConsume(b *testing.B) {
 // transaction per record (NOTIFIER_BATCH_MAX=1), the path a failed batch
 // falls back to.
 func BenchmarkConsumeOneRecordPerTx(b *testing.B) {
-	for _, size := range []struct{ orders, perOrder int }{{20, 5}, {200, 10}} {
+	for _, size := range benchSizes([]benchSize{{20, 5}, {200, 10}}) {
 		b.Run(fmt.Sprintf("records=%d", size.orders*size.perOrder), func(b *testing.B) {
 			benchmarkConsume(b, size.orders, size.perOrder, 1)
 		})
 	}
+}
+
+type benchSize struct{ orders, perOrder int }
+
+// benchSizes returns the backlog sizes to run: all of them, or with -short
+// (make bench-smoke) only the smallest, which proves the benchmark works.
+func benchSizes(sizes []benchSize) []benchSize {
+	if testing.Short() {
+		return sizes[:1]
+	}
+	return sizes
 }
 
 func benchmarkConsume(b *testing.B, orders, perOrder, batchMax int) {
@@ -139,7 +150,7 @@ func benchmarkConsume(b *testing.B, orders, perOrder, batchMax int) {
 // transaction. The notifier's records/s divided by this one's says how
 // much of the database's capacity the consumer leaves unused.
 func BenchmarkConsumeSQLOnly(b *testing.B) {
-	for _, size := range []struct{ orders, perOrder int }{{20, 5}, {200, 10}, {1000, 10}} {
+	for _, size := range benchSizes([]benchSize{{20, 5}, {200, 10}, {1000, 10}}) {
 		b.Run(fmt.Sprintf("records=%d", size.orders*size.perOrder), func(b *testing.B) {
 			benchmarkSQLOnly(b, size.orders, size.perOrder)
 		})

@@ -38,6 +38,9 @@ import (
 //	benchstat drain.txt
 func BenchmarkBacklogDrain(b *testing.B) {
 	aggregates := envInt(b, "OUTBOX_BENCH_AGGREGATES", 2_500)
+	if testing.Short() {
+		aggregates = 100 // make bench-smoke: proves it runs, measures nothing
+	}
 	batch := envInt(b, "OUTBOX_BENCH_BATCH", 0) // 0: the relay's default
 	events := 2 * aggregates
 

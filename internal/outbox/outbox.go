@@ -31,7 +31,8 @@
 //     emits, their delivery ordering and their JSON Schemas.
 //   - Event: one event to write.
 //   - NewWriter, Writer: checks events against the event types.
-//   - Writer.Insert: validates and writes events in the caller's pgx.Tx.
+//   - Writer.Insert: validates and writes events in the caller's pgx.Tx;
+//     Writer.Queue does the same as one statement of the caller's pgx.Batch.
 //   - Writer.Validate: the same checks, without writing.
 //   - MaxPayloadBytes: the payload size limit (W6).
 //   - ErrInvalidEvent, ErrPayloadTooLarge, ErrUnknownEventType,
