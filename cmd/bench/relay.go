@@ -128,6 +128,6 @@ func (b *bench) relayScenario(ctx context.Context) error {
 		Note: "relay: from starting `orders relay` to the last delivered_at; SQL loop: the relay's OutboxClaim and OutboxConfirm statements on one connection, " + batch + ", no broker"})
 	b.rep.add(result{Scenario: sc, Figure: "claim/confirm SQL loop (strict order)", Value: loopRate, Unit: "events/s",
 		Reference: "unordered SQL loop", RefValue: unRate, Target: "ratio >= 0.8",
-		Note: "unordered: SELECT event_id ... WHERE state='pending' AND next_attempt_at <= now() ORDER BY next_attempt_at, created_at LIMIT n FOR UPDATE SKIP LOCKED (the pending index's order, which is created_at's for this backlog), then UPDATE by primary key, one transaction per batch, " + batch})
+		Note: "unordered: a lease UPDATE of SELECT event_id ... WHERE state='pending' AND next_attempt_at <= now() ORDER BY next_attempt_at, created_at LIMIT n FOR UPDATE SKIP LOCKED (the pending index's order, which is created_at's for this backlog), then a confirm UPDATE by primary key; both loops commit without waiting for the WAL flush, as the relay does; " + batch})
 	return nil
 }
