@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"time"
 )
@@ -91,10 +93,12 @@ func (b *bench) apiRun(ctx context.Context, relay bool) (loadResult, error) {
 	if err != nil {
 		return loadResult{}, err
 	}
+	meter := startCPU(map[string]int{"orders serve": srv.cmd.Process.Pid, "devbroker": broker.cmd.Process.Pid})
 	res, err := b.closedLoad(ctx, base, b.opts.Conns, b.opts.APIDuration)
 	if err != nil {
 		return res, err
 	}
+	res.CPU = meter.stop()
 	b.rep.LoadTool = res.Tool
 	if err := srv.check(); err != nil {
 		return res, err
@@ -102,7 +106,7 @@ func (b *bench) apiRun(ctx context.Context, relay bool) (loadResult, error) {
 	if res.OK == 0 {
 		return res, fmt.Errorf("%s: no order was created (%d failures); end of its log:\n%s", name, res.Other, tail(srv.logPath, 10))
 	}
-	b.logf("%s: %d orders in %s (%d failed requests)", name, res.OK, res.Duration.Round(time.Millisecond), res.Other)
+	b.logf("%s: %d orders in %s (%d failed requests); %s", name, res.OK, res.Duration.Round(time.Millisecond), res.Other, res.CPU)
 	if err := b.stopProc(sc, srv); err != nil {
 		return res, err
 	}
@@ -111,31 +115,40 @@ func (b *bench) apiRun(ctx context.Context, relay bool) (loadResult, error) {
 
 // pgbenchRun runs the POST /orders transaction with pgbench on a fresh
 // database and returns its transactions per second.
-func (b *bench) pgbenchRun(ctx context.Context) (float64, error) {
+func (b *bench) pgbenchRun(ctx context.Context) (float64, cores, error) {
 	db, err := b.ordersDB(ctx, "pgbench")
 	if err != nil {
-		return 0, err
+		return 0, cores{}, err
 	}
 	script := filepath.Join(b.dir, "post-order.sql")
 	if err := os.WriteFile(script, []byte(pgbenchScript), 0o644); err != nil {
-		return 0, err
+		return 0, cores{}, err
 	}
 	pgbench, err := exec.LookPath("pgbench")
 	if err != nil {
-		return 0, fmt.Errorf("pgbench not found (Debian: postgresql-client): %w", err)
+		return 0, cores{}, fmt.Errorf("pgbench not found (Debian: postgresql-client): %w", err)
 	}
 	secs := max(1, int(b.opts.APIDuration.Seconds()))
 	cmd := exec.CommandContext(ctx, pgbench, "-n", "-M", "prepared", "-c", strconv.Itoa(b.opts.Conns),
 		"-j", strconv.Itoa(min(2, b.opts.Conns)), "-T", strconv.Itoa(secs), "-f", script, b.dbURL(db))
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return 0, fmt.Errorf("pgbench: %w\n%s", err, out)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return 0, cores{}, fmt.Errorf("pgbench: %w", err)
 	}
-	tps, err := pgbenchTPS(out)
+	meter := startCPU(map[string]int{"pgbench": cmd.Process.Pid})
+	// pgbench runs for secs after connecting: sample its ticks while it is
+	// still there (they are gone once it is reaped).
+	time.Sleep(b.opts.APIDuration)
+	used := meter.stop()
+	if err := cmd.Wait(); err != nil {
+		return 0, used, fmt.Errorf("pgbench: %w\n%s", err, out.Bytes())
+	}
+	tps, err := pgbenchTPS(out.Bytes())
 	if err == nil {
-		b.logf("pgbench: %.0f transactions/s over %ds", tps, secs)
+		b.logf("pgbench: %.0f transactions/s over %ds; %s", tps, secs, used)
 	}
-	return tps, err
+	return tps, used, err
 }
 
 // apiScenario compares POST /orders with the relay on and off against
@@ -150,7 +163,7 @@ func (b *bench) apiScenario(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tps, err := b.pgbenchRun(ctx)
+	tps, pgCPU, err := b.pgbenchRun(ctx)
 	if err != nil {
 		return err
 	}
@@ -162,5 +175,15 @@ func (b *bench) apiScenario(ctx context.Context) error {
 		Reference: ref, RefValue: tps, Target: "-"})
 	b.rep.add(result{Scenario: sc, Figure: "relay on / relay off", Value: on.rate(), Unit: "orders/s",
 		Reference: "relay off", RefValue: off.rate(), Target: "-"})
+	// Where the CPU went: on a machine whose cores are all busy, the
+	// service's own share (and the broker's, with the relay on) is what
+	// pgbench does not pay.
+	for _, run := range []struct {
+		name string
+		c    cores
+	}{{"relay on", on.CPU}, {"relay off", off.CPU}, {"pgbench", pgCPU}} {
+		b.rep.add(result{Scenario: sc, Figure: "cores busy, " + run.name, Value: run.c.Machine, Unit: "cores",
+			Reference: "cores", RefValue: float64(runtime.NumCPU()), Target: "-", Note: run.c.String()})
+	}
 	return nil
 }

@@ -174,3 +174,11 @@ func TestGroupThousands(t *testing.T) {
 	assert.Equal(t, "12,345,678", groupThousands("12345678"))
 	assert.Equal(t, "-100,000", groupThousands("-100000"))
 }
+
+func TestParseCPU(t *testing.T) {
+	busy, total := parseProcStat("cpu  100 5 50 800 20 3 2 0 0 0\ncpu0 1 2 3 4\n")
+	assert.Equal(t, 160.0, busy)
+	assert.Equal(t, 980.0, total)
+	assert.Equal(t, 42.0, parsePidStat("1234 (orders serve) S 1 1234 1234 0 -1 4194560 100 0 0 0 30 12 0 0 20 0 8"))
+	assert.Equal(t, 0.0, parsePidStat("garbage"))
+}

@@ -27,6 +27,7 @@ type loadResult struct {
 	OK       int64 // 201 responses
 	Other    int64 // any other response or error
 	Duration time.Duration
+	CPU      cores // the cores the machine and the services kept busy meanwhile
 }
 
 func (r loadResult) rate() float64 { return float64(r.OK) / r.Duration.Seconds() }

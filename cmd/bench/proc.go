@@ -37,7 +37,7 @@ func startProc(dir, name, bin string, env map[string]string, args ...string) (*p
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LOG_LEVEL=warn"}
+	cmd.Env = baseEnv()
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)
 	}
@@ -217,3 +217,16 @@ func freeAddr() (string, error) {
 }
 
 var errTimeout = errors.New("timed out")
+
+// baseEnv is the environment every started process begins with: a quiet
+// log, and the Go runtime's memory and collector settings when the
+// benchmark itself was given them, to try them on the services.
+func baseEnv() []string {
+	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LOG_LEVEL=warn"}
+	for _, k := range []string{"GOMEMLIMIT", "GOGC"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
