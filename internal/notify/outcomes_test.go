@@ -285,7 +285,10 @@ func TestDatabaseOutage(t *testing.T) {
 		}
 		return true, ""
 	})
-	require.Equal(t, "Stable", e.describeGroup().State, "the rebalance finished while the database was down")
+	e.eventually(func() bool {
+		g := e.describeGroup()
+		return g.State == "Stable" && g.hasInstance(e.group+"-1")
+	}, "the rebalance finished while the database was down, with the first member in the group")
 	end()
 
 	for _, o := range during {
