@@ -17,9 +17,10 @@ demo: ## Run the whole demo locally: dev broker, orders API + relay, notifier, M
 	./scripts/demo.sh
 
 .PHONY: test
-test: lint sqlc-check ## Lint, check generated code, run every test with the race detector, then fuzz each decoder briefly.
+test: lint sqlc-check ## Lint, check generated code, run every test with the race detector, fuzz each decoder briefly, run every benchmark once on tiny inputs.
 	go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) fuzz FUZZTIME=5s
+	$(MAKE) bench-smoke
 
 .PHONY: test-short
 test-short: ## Run the tests without the race detector (quicker feedback).
@@ -62,7 +63,7 @@ bench: ## Run the Go benchmarks, then the end-to-end benchmark tool (cmd/bench, 
 	go run ./cmd/bench all
 
 .PHONY: bench-smoke
-bench-smoke: ## Run every benchmark for one iteration and the benchmark tool at tiny sizes, so they keep working (CI does this).
+bench-smoke: ## Run every benchmark for one iteration and the benchmark tool at tiny sizes, so they keep working (make test ends with it).
 	go test -short -run '^$$' -bench . -benchtime 1x ./internal/...
 	go run ./cmd/bench -tiny all
 
