@@ -249,6 +249,34 @@ func loadEvents(ctx context.Context, pool *pgxpool.Pool) ([]event, error) {
 // notifierSQLLoop writes, for each event, what the notifier writes when it
 // applies an order event in order, batch events per transaction.
 func notifierSQLLoop(ctx context.Context, pool *pgxpool.Pool, events []event, batch int) (time.Duration, error) {
+	return inTransactions(ctx, pool, events, batch, func(tx pgx.Tx, chunk []event) error {
+		for _, e := range chunk {
+			if err := applyOne(ctx, tx, e); err != nil {
+				return fmt.Errorf("event %s: %w", e.ID, err)
+			}
+		}
+		return nil
+	})
+}
+
+// notifierPipelined writes the same rows as notifierSQLLoop, but sends
+// each transaction's statements in one pipeline: the database's share of
+// the work without the round trips.
+func notifierPipelined(ctx context.Context, pool *pgxpool.Pool, events []event, batch int) (time.Duration, error) {
+	return inTransactions(ctx, pool, events, batch, func(tx pgx.Tx, chunk []event) error {
+		var bt pgx.Batch
+		for _, e := range chunk {
+			for _, st := range applyStatements(e) {
+				bt.Queue(st[0].(string), st[1:]...)
+			}
+		}
+		return tx.SendBatch(ctx, &bt).Close()
+	})
+}
+
+// inTransactions runs apply over events in transactions of batch events
+// each, on one connection, and returns the time it all took.
+func inTransactions(ctx context.Context, pool *pgxpool.Pool, events []event, batch int, apply func(pgx.Tx, []event) error) (time.Duration, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return 0, err
@@ -257,15 +285,7 @@ func notifierSQLLoop(ctx context.Context, pool *pgxpool.Pool, events []event, ba
 	start := time.Now()
 	for lo := 0; lo < len(events); lo += batch {
 		chunk := events[lo:min(lo+batch, len(events))]
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			for _, e := range chunk {
-				if err := applyOne(ctx, tx, e); err != nil {
-					return fmt.Errorf("event %s: %w", e.ID, err)
-				}
-			}
-			return nil
-		})
-		if err != nil {
+		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return apply(tx, chunk) }); err != nil {
 			return 0, err
 		}
 	}
@@ -321,32 +341,4 @@ func applyOne(ctx context.Context, tx pgx.Tx, e event) error {
 		}
 	}
 	return nil
-}
-
-// notifierPipelined writes the same rows as notifierSQLLoop, but sends
-// each transaction's statements in one pipeline: the database's share of
-// the work without the round trips.
-func notifierPipelined(ctx context.Context, pool *pgxpool.Pool, events []event, batch int) (time.Duration, error) {
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Release()
-	start := time.Now()
-	for lo := 0; lo < len(events); lo += batch {
-		chunk := events[lo:min(lo+batch, len(events))]
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			var bt pgx.Batch
-			for _, e := range chunk {
-				for _, st := range applyStatements(e) {
-					bt.Queue(st[0].(string), st[1:]...)
-				}
-			}
-			return tx.SendBatch(ctx, &bt).Close()
-		})
-		if err != nil {
-			return 0, err
-		}
-	}
-	return time.Since(start), nil
 }
