@@ -178,8 +178,13 @@ type RejectFunc func(ctx context.Context, tx pgx.Tx, e Event, reason string) err
 
 // Reasons passed to RejectFunc.
 const (
-	RejectConflict = "conflict"  // another event owns the version
+	RejectConflict = "conflict"  // another event owns the version, and no source of truth could say which is real
 	RejectNotFound = "not_found" // the source of truth does not know the aggregate
+	// RejectImpostor: the source of truth owns another event at the
+	// version, or no event at all (the version is beyond any it has).
+	RejectImpostor = "impostor"
+	// RejectDropped: an operator dropped the held event (DropHeld).
+	RejectDropped = "dropped"
 )
 
 // Config configures an Inbox.
@@ -327,6 +332,26 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event) (Result, error
 		// snapshot placed it before this event arrived. (A marker deleted
 		// by the TTL cleanup looks the same; the retention check keeps that
 		// from happening within the redelivery window.)
+		if ib.cfg.Fetch != nil {
+			// Nothing in local state can vouch for the event any more, and
+			// its effects are still to run: it is held, and the source of
+			// truth is asked at once whether it wrote it (C7). Another event
+			// already waiting at the version makes it a conflict, which the
+			// source settles the same way.
+			held, err := q.InboxHeldGetByVersion(ctx, inboxdb.InboxHeldGetByVersionParams{
+				AggregateType: e.AggregateType, AggregateID: e.AggregateID, AggregateVersion: v,
+			})
+			switch {
+			case err == nil && held.EventID == e.ID:
+				res.Outcome = Duplicate
+				return res, nil
+			case err == nil:
+				return ib.conflict(ctx, tx, q, e, held.EventID, res)
+			case !errors.Is(err, pgx.ErrNoRows):
+				return Result{}, fmt.Errorf("look up held version: %w", err)
+			}
+			return ib.hold(ctx, q, e, res, true)
+		}
 		fresh, err := insertMarker(ctx, q, e, "covered")
 		if err != nil {
 			return Result{}, err
@@ -389,29 +414,40 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event) (Result, error
 		case !errors.Is(err, pgx.ErrNoRows):
 			return Result{}, fmt.Errorf("look up held version: %w", err)
 		}
-		fresh, err := insertMarker(ctx, q, e, "held")
-		if err != nil {
-			return Result{}, err
-		}
-		if !fresh {
-			res.Outcome = Duplicate
-			return res, nil
-		}
-		if err := q.InboxHeldInsert(ctx, inboxdb.InboxHeldInsertParams{
-			EventID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
-			AggregateVersion: v, EventType: e.Type, SchemaVersion: int32(e.SchemaVersion),
-			EventTime: e.Time, Payload: e.Payload,
-		}); err != nil {
-			return Result{}, fmt.Errorf("hold event: %w", err)
-		}
-		if err := q.InboxAggregateOpenGap(ctx, inboxdb.InboxAggregateOpenGapParams{
-			WindowSeconds: ib.cfg.GapWindow.Seconds(), AggregateType: e.AggregateType, AggregateID: e.AggregateID,
-		}); err != nil {
-			return Result{}, fmt.Errorf("open gap: %w", err)
-		}
-		res.Outcome = Held
+		return ib.hold(ctx, q, e, res, false)
+	}
+}
+
+// hold stores e until its turn comes and starts the gap clock, or, with
+// now, makes a resync due at once.
+func (ib *Inbox) hold(ctx context.Context, q *inboxdb.Queries, e Event, res Result, now bool) (Result, error) {
+	fresh, err := insertMarker(ctx, q, e, "held")
+	if err != nil {
+		return Result{}, err
+	}
+	if !fresh {
+		res.Outcome = Duplicate
 		return res, nil
 	}
+	if err := q.InboxHeldInsert(ctx, inboxdb.InboxHeldInsertParams{
+		EventID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+		AggregateVersion: e.AggregateVersion, EventType: e.Type, SchemaVersion: int32(e.SchemaVersion),
+		EventTime: e.Time, Payload: e.Payload,
+	}); err != nil {
+		return Result{}, fmt.Errorf("hold event: %w", err)
+	}
+	if now {
+		err = q.InboxAggregateResyncNow(ctx, inboxdb.InboxAggregateResyncNowParams{AggregateType: e.AggregateType, AggregateID: e.AggregateID})
+	} else {
+		err = q.InboxAggregateOpenGap(ctx, inboxdb.InboxAggregateOpenGapParams{
+			WindowSeconds: ib.cfg.GapWindow.Seconds(), AggregateType: e.AggregateType, AggregateID: e.AggregateID,
+		})
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("open gap: %w", err)
+	}
+	res.Outcome = Held
+	return res, nil
 }
 
 // Observe counts a committed result in the metrics and logs what an
@@ -455,20 +491,29 @@ func (ib *Inbox) conflict(ctx context.Context, tx pgx.Tx, q *inboxdb.Queries, e 
 		res.Outcome = Duplicate
 		return res, nil
 	}
+	sv := int32(e.SchemaVersion)
 	if err := q.InboxConflictInsert(ctx, inboxdb.InboxConflictInsertParams{
 		EventID: e.ID, AggregateType: e.AggregateType, AggregateID: e.AggregateID,
 		AggregateVersion: e.AggregateVersion, EventType: e.Type, ExistingEventID: owner, Payload: e.Payload,
+		SchemaVersion: &sv, EventTime: &e.Time,
 	}); err != nil {
 		return Result{}, fmt.Errorf("record conflict: %w", err)
 	}
-	if ib.cfg.Rejected != nil {
+	// Without a source of truth to ask, the event that came first keeps the
+	// version and the newcomer is refused now. With one, neither is
+	// trusted on arrival order alone: a record written by anyone who can
+	// produce to the topic could have come first. The resync asks the
+	// source which event_id it wrote at this version; the genuine event's
+	// effects then run once, and the impostor is rejected (C7).
+	if ib.cfg.Fetch == nil && ib.cfg.Rejected != nil {
 		if err := ib.cfg.Rejected(ctx, tx, e, RejectConflict); err != nil {
 			return Result{}, fmt.Errorf("reject conflicting %s v%d: %w", e.Type, e.AggregateVersion, err)
 		}
 	}
 	// Two events for one version: the producer's history forked from the
-	// one applied here. With a source of truth to ask, the aggregate is
-	// resynchronised from it; until then its later versions are held.
+	// one applied here, or one of them is not the producer's. With a source
+	// of truth to ask, the aggregate is resynchronised from it at once;
+	// until then its later versions are held.
 	if ib.cfg.Fetch != nil {
 		if err := q.InboxAggregateDiverge(ctx, inboxdb.InboxAggregateDivergeParams{
 			Version: e.AggregateVersion, AggregateType: e.AggregateType, AggregateID: e.AggregateID,

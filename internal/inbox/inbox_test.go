@@ -360,6 +360,23 @@ func TestProcess(t *testing.T) {
 	})
 }
 
+// heldIDs lists the events held now, by version: a source of truth that
+// owns every one of them.
+func heldIDs(t *testing.T, f *fixture) map[int64]uuid.UUID {
+	t.Helper()
+	rows, err := f.pool.Query(context.Background(), "SELECT aggregate_version, event_id FROM inbox_held_event WHERE state = 'held'")
+	require.NoError(t, err)
+	out := map[int64]uuid.UUID{}
+	for rows.Next() {
+		var v int64
+		var id uuid.UUID
+		require.NoError(t, rows.Scan(&v, &id))
+		out[v] = id
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
 func ids(evs []inbox.Event) []uuid.UUID {
 	var out []uuid.UUID
 	for _, e := range evs {
@@ -418,9 +435,15 @@ func TestResyncDue(t *testing.T) {
 		require.Empty(t, resync(t, f))
 	})
 
+	// ContinuesFromSnapshotAndAppliesHeldThatFit: the source answers at
+	// version 2 and lists v3 and v4 as its own, written after the order was
+	// read; they follow the snapshot and are applied.
 	t.Run("ContinuesFromSnapshotAndAppliesHeldThatFit", func(t *testing.T) {
 		t.Parallel()
-		f := setupGap(t, snapshotAt(2))
+		var f *fixture
+		f = setupGap(t, func(ctx context.Context, typ, id string) (inbox.Snapshot, error) {
+			return inbox.Snapshot{AggregateType: typ, AggregateID: id, Version: 2, Events: heldIDs(t, f)}, nil
+		})
 		require.Len(t, resync(t, f), 2)
 		require.Equal(t, []int64{2}, f.snaps)
 		require.Equal(t, []int64{1, 3, 4}, f.appliedVersions(t, "a"), "v2 comes from the snapshot, v3 and v4 from the hold")
@@ -442,19 +465,28 @@ func TestResyncDue(t *testing.T) {
 		require.Equal(t, []string{"covered:3", "covered:4"}, f.effects(t))
 		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM processed_event WHERE outcome = 'superseded'"))
 
+		// The missing version arriving late is held, and the source is
+		// asked at once: nothing local can vouch for it any more (C7).
 		late := event("a", 2)
 		res := f.handle(t, late)
-		require.Equal(t, inbox.Covered, res.Outcome)
+		require.Equal(t, inbox.Held, res.Outcome)
+		require.Len(t, resync(t, f), 1)
 		require.Equal(t, []string{"covered:3", "covered:4", "covered:2"}, f.effects(t))
 		require.Equal(t, inbox.Duplicate, f.handle(t, late).Outcome, "covered once")
-		require.Equal(t, 1.0, counter(t, f.reg, "inbox_covered_total"))
 		// The late event now owns v2: another id at v2 is a conflict, so the
 		// aggregate's history forked; v6 waits for a resync rather than
-		// landing on top, and follows the snapshot once it came.
+		// landing on top. This source cannot list its events, so the
+		// conflict stays unverified, and v6, beyond the source's version 5,
+		// can never become due: it is rejected rather than held for ever.
 		require.Equal(t, inbox.Conflict, f.handle(t, event("a", 2)).Outcome)
 		require.Equal(t, inbox.Held, f.handle(t, event("a", 6)).Outcome)
-		require.Len(t, resync(t, f), 1)
-		require.Equal(t, []int64{1, 6}, f.appliedVersions(t, "a"))
+		require.Empty(t, resync(t, f))
+		require.Equal(t, []int64{1}, f.appliedVersions(t, "a"))
+		require.Equal(t, []string{"covered:3", "covered:4", "covered:2", "rejected:conflict:2", "rejected:impostor:6"}, f.effects(t))
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'rejected' AND aggregate_version = 6 AND park_reason LIKE '%beyond%'"))
+		st, err := f.ib.RefreshStats(context.Background())
+		require.NoError(t, err)
+		require.Zero(t, st.GapsOverdue)
 	})
 
 	// CoveredFailureParksThatEvent: a held event whose own effect fails when
@@ -475,15 +507,41 @@ func TestResyncDue(t *testing.T) {
 		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE last_version = 5 AND resync_after IS NULL"))
 	})
 
-	t.Run("StaleSnapshotKeepsHolding", func(t *testing.T) {
+	// HeldBeyondTheSourceIsRejected: the source is at version 1, so held
+	// v3 and v4 were never written by it (a forged record, or a history a
+	// restored producer lost). They can never become due: rejected, kept
+	// for an operator, and the gap closes instead of alerting for ever.
+	t.Run("HeldBeyondTheSourceIsRejected", func(t *testing.T) {
 		t.Parallel()
 		f := setupGap(t, snapshotAt(1))
 		require.Empty(t, resync(t, f))
 		require.Empty(t, f.snaps)
+		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'rejected' AND park_reason LIKE '%beyond%'"))
+		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM processed_event WHERE outcome = 'rejected'"))
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE resync_after IS NULL AND gap_since IS NULL"))
+		require.Equal(t, []string{"rejected:impostor:3", "rejected:impostor:4"}, f.effects(t))
+		require.Equal(t, 2.0, testutil.ToFloat64(f.ib.Metrics().Rejected.WithLabelValues(inbox.RejectImpostor)))
+		st, err := f.ib.RefreshStats(context.Background())
+		require.NoError(t, err)
+		require.Zero(t, st.GapsOverdue)
+		require.Zero(t, st.Held)
+		// The real v2 still applies normally afterwards.
+		require.Equal(t, inbox.Applied, f.handle(t, event("a", 2)).Outcome)
+	})
+
+	// HeldTheSourceWroteSinceKeepsWaiting: v3 and v4 are beyond the
+	// snapshot's version but listed as the source's own (written after the
+	// order was read): they stay held for a fresh window.
+	t.Run("HeldTheSourceWroteSinceKeepsWaiting", func(t *testing.T) {
+		t.Parallel()
+		var f *fixture
+		f = setupGap(t, func(ctx context.Context, typ, id string) (inbox.Snapshot, error) {
+			return inbox.Snapshot{AggregateType: typ, AggregateID: id, Version: 1, Events: heldIDs(t, f)}, nil
+		})
+		require.Empty(t, resync(t, f))
 		require.Equal(t, 2, f.count(t, "SELECT count(*) FROM inbox_held_event WHERE state = 'held'"))
-		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE resync_attempts = 1 AND last_resync_error LIKE '%not ahead%'"))
-		require.Equal(t, 1.0, testutil.ToFloat64(f.ib.Metrics().Resyncs.WithLabelValues(inbox.ResyncStale)))
-		requireStillOverdue(t, f)
+		require.Equal(t, 1, f.count(t, "SELECT count(*) FROM inbox_aggregate WHERE resync_after > clock_timestamp()"))
+		require.Empty(t, f.effects(t))
 	})
 
 	t.Run("NotFoundParksHeld", func(t *testing.T) {

@@ -22,6 +22,12 @@ type Metrics struct {
 	// snapshot had placed their version: recorded and handed to Covered,
 	// their state change skipped (inbox_covered_total).
 	Covered *prometheus.CounterVec
+	// Rejected counts events refused a place in their aggregate's sequence,
+	// by reason: impostor (the source of truth owns another event at the
+	// version, or none), dropped (an operator), conflict (no source could
+	// say) (inbox_rejected_total). Any impostor means someone other than
+	// the producer wrote to the topic: alert on it.
+	Rejected *prometheus.CounterVec
 	// Resyncs counts resync attempts by result: resynced, not_found,
 	// stale or error (inbox_resyncs_total).
 	Resyncs *prometheus.CounterVec
@@ -60,6 +66,10 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "inbox_covered_total",
 			Help: "Events whose version a resync snapshot had already placed: recorded, state change skipped, own effects run.",
 		}, []string{"event_type"}),
+		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inbox_rejected_total",
+			Help: "Events refused a place in their aggregate's sequence, by reason: impostor (not the source of truth's event at its version), dropped by an operator, or an unverifiable conflict.",
+		}, []string{"reason"}),
 		Resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inbox_resyncs_total",
 			Help: "Resynchronisations from the source of truth after a gap outlived its window, by result.",
@@ -70,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}),
 		Parked: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inbox_parked_events",
-			Help: "Held events parked for an operator: the source of truth could not place them (404), or their change failed.",
+			Help: "Held events parked for an operator: the source of truth could not place them (404) or rejected them, an operator dropped them, or their change failed.",
 		}),
 		ParkedRecords: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "inbox_parked_records",
@@ -85,13 +95,16 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "processed_event markers deleted after their retention.",
 		}),
 	}
-	for _, c := range []prometheus.Collector{m.Duplicates, m.Conflicts, m.Gaps, m.Covered, m.Resyncs, m.Held, m.Parked, m.ParkedRecords, m.GapsOverdue, m.Cleaned} {
+	for _, c := range []prometheus.Collector{m.Duplicates, m.Conflicts, m.Gaps, m.Covered, m.Rejected, m.Resyncs, m.Held, m.Parked, m.ParkedRecords, m.GapsOverdue, m.Cleaned} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register inbox metrics: %w", err)
 		}
 	}
 	for _, r := range []string{ResyncOK, ResyncNotFound, ResyncStale, ResyncError} {
 		m.Resyncs.WithLabelValues(r)
+	}
+	for _, r := range []string{RejectImpostor, RejectDropped, RejectConflict} {
+		m.Rejected.WithLabelValues(r)
 	}
 	return m, nil
 }

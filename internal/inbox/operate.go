@@ -158,18 +158,101 @@ func deref(s *string) string {
 	return *s
 }
 
-// ParkedEvent is a held event that was parked: a resync could not place it
-// (the source of truth does not know its aggregate), or its change failed
-// when its turn came. It still owns its version.
+// ParkedEvent is a held event that was parked or rejected. Parked: a
+// resync could not place it (the source of truth does not know its
+// aggregate), or its change failed when its turn came; it still owns its
+// version. Rejected: the source of truth did not write it at its version,
+// or an operator dropped it (DropHeld); it owns no version.
 type ParkedEvent struct {
 	// Event is the event without its payload.
-	Event    Event
-	Reason   string
-	HeldAt   time.Time
-	ParkedAt *time.Time
+	Event  Event
+	Reason string
+	// Rejected is set for an event that gave its version up; RejectedBy
+	// names the operator who dropped it, empty when a resync did.
+	Rejected   bool
+	RejectedBy string
+	HeldAt     time.Time
+	ParkedAt   *time.Time
 }
 
-// ParkedEvents lists parked held events, oldest first.
+// HeldEvent is an event waiting for an earlier version of its aggregate.
+type HeldEvent struct {
+	// Event is the event without its payload.
+	Event  Event
+	HeldAt time.Time
+}
+
+// HeldEvents lists the events still held, oldest first.
+func HeldEvents(ctx context.Context, db DBTX, limit int) ([]HeldEvent, error) {
+	rows, err := inboxdb.New(db).InboxHeldWaitingList(ctx, int32(max(limit, 1)))
+	if err != nil {
+		return nil, fmt.Errorf("list held events: %w", err)
+	}
+	out := make([]HeldEvent, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, HeldEvent{
+			Event: Event{ID: r.EventID, AggregateType: r.AggregateType, AggregateID: r.AggregateID, AggregateVersion: r.AggregateVersion,
+				Type: r.EventType, SchemaVersion: int(r.SchemaVersion), Time: r.EventTime},
+			HeldAt: r.HeldAt,
+		})
+	}
+	return out, nil
+}
+
+// ErrHeldEventNotFound is returned by DropHeld for an event that is not
+// held or parked (never held, applied since, or already dropped).
+var ErrHeldEventNotFound = errors.New("inbox: no held or parked event with this id")
+
+// DropHeld takes a held or parked event out of its aggregate's sequence
+// for good, in the caller's transaction tx: an operator's decision for an
+// event that can never become due (a forged record the resync could not
+// judge, say). The event keeps its marker (a redelivery is a duplicate)
+// and its bytes, marked rejected with the actor and reason; the consumer's
+// Rejected function runs with RejectDropped so that effects owed to it are
+// accounted for; and if nothing else is held, the aggregate's gap closes.
+// The caller audits and commits; call the returned function after the
+// commit to count the drop in the metrics.
+func (ib *Inbox) DropHeld(ctx context.Context, tx pgx.Tx, eventID uuid.UUID, actor, reason string) (Event, func(), error) {
+	if !storable(actor) || !storable(reason) {
+		return Event{}, nil, errors.New("drop held event: an actor and a reason are required")
+	}
+	q := inboxdb.New(tx)
+	// The aggregate's lock first, as Process takes it, then the row again:
+	// under that lock nothing else changes it.
+	var h inboxdb.InboxHeldEvent
+	for _, lock := range []bool{false, true} {
+		var err error
+		if lock {
+			if _, err := q.InboxAggregateLock(ctx, inboxdb.InboxAggregateLockParams{AggregateType: h.AggregateType, AggregateID: h.AggregateID}); err != nil {
+				return Event{}, nil, fmt.Errorf("lock inbox aggregate: %w", err)
+			}
+		}
+		h, err = q.InboxHeldGet(ctx, eventID)
+		if errors.Is(err, pgx.ErrNoRows) || (err == nil && h.State == "rejected") {
+			return Event{}, nil, ErrHeldEventNotFound
+		}
+		if err != nil {
+			return Event{}, nil, fmt.Errorf("drop held event %s: %w", eventID, err)
+		}
+	}
+	e := heldEvent(h)
+	if err := ib.rejectHeld(ctx, tx, q, e, "dropped by an operator: "+reason, &actor, RejectDropped); err != nil {
+		return Event{}, nil, err
+	}
+	remaining, err := q.InboxHeldCountForAggregate(ctx, inboxdb.InboxHeldCountForAggregateParams{AggregateType: h.AggregateType, AggregateID: h.AggregateID})
+	if err != nil {
+		return Event{}, nil, fmt.Errorf("count held events: %w", err)
+	}
+	if remaining == 0 {
+		if err := q.InboxAggregateCloseGap(ctx, inboxdb.InboxAggregateCloseGapParams{AggregateType: h.AggregateType, AggregateID: h.AggregateID}); err != nil {
+			return Event{}, nil, fmt.Errorf("close gap: %w", err)
+		}
+	}
+	e.Payload = nil
+	return e, func() { ib.metrics.Rejected.WithLabelValues(RejectDropped).Inc() }, nil
+}
+
+// ParkedEvents lists parked and rejected held events, oldest first.
 func ParkedEvents(ctx context.Context, db DBTX, limit int) ([]ParkedEvent, error) {
 	rows, err := inboxdb.New(db).InboxHeldParkedList(ctx, int32(max(limit, 1)))
 	if err != nil {
@@ -180,7 +263,8 @@ func ParkedEvents(ctx context.Context, db DBTX, limit int) ([]ParkedEvent, error
 		out = append(out, ParkedEvent{
 			Event: Event{ID: r.EventID, AggregateType: r.AggregateType, AggregateID: r.AggregateID, AggregateVersion: r.AggregateVersion,
 				Type: r.EventType, SchemaVersion: int(r.SchemaVersion), Time: r.EventTime},
-			Reason: deref(r.ParkReason), HeldAt: r.HeldAt, ParkedAt: r.ParkedAt,
+			Reason: deref(r.ParkReason), Rejected: r.State == "rejected", RejectedBy: deref(r.RejectedBy),
+			HeldAt: r.HeldAt, ParkedAt: r.ParkedAt,
 		})
 	}
 	return out, nil
@@ -194,6 +278,12 @@ type ConflictRecord struct {
 	// ExistingEventID is the event that owns the version.
 	ExistingEventID uuid.UUID
 	DetectedAt      time.Time
+	// Resolution is the source of truth's verdict: "genuine" (the
+	// newcomer was the source's event; its effects ran), "impostor" (it was
+	// not), "unverified" (the source could not say), or empty while the
+	// conflict waits for a resync.
+	Resolution string
+	ResolvedAt *time.Time
 }
 
 // Conflicts lists recorded conflicts, oldest first.
@@ -208,6 +298,7 @@ func Conflicts(ctx context.Context, db DBTX, limit int) ([]ConflictRecord, error
 			Event: Event{ID: r.EventID, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
 				AggregateVersion: r.AggregateVersion, Type: r.EventType},
 			ExistingEventID: r.ExistingEventID, DetectedAt: r.DetectedAt,
+			Resolution: deref(r.Resolution), ResolvedAt: r.ResolvedAt,
 		})
 	}
 	return out, nil

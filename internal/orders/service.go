@@ -202,6 +202,32 @@ func (s *Service) Get(ctx context.Context, p auth.Principal, id uuid.UUID) (Orde
 	return o, nil
 }
 
+// History is which event owns each version of an order, as the outbox
+// wrote them. A consumer asks for it to tell the order service's genuine
+// events from records that only claim a version (C7).
+type History struct {
+	OrderID uuid.UUID
+	// Version is the order's version when the history was read; Events
+	// may already hold a later one written since.
+	Version int64
+	Events  []outbox.EventRef
+}
+
+// History returns the order's event history, to the same callers Get
+// serves. The order is read first, so every version up to Version is in
+// Events.
+func (s *Service) History(ctx context.Context, p auth.Principal, id uuid.UUID) (History, error) {
+	o, err := s.Get(ctx, p, id)
+	if err != nil {
+		return History{}, err
+	}
+	refs, err := outbox.EventsOf(ctx, s.pool, AggregateType, id.String())
+	if err != nil {
+		return History{}, markUnavailable(ctx, err)
+	}
+	return History{OrderID: id, Version: o.Version, Events: refs}, nil
+}
+
 // Cursor is a position in the caller's order list.
 type Cursor struct {
 	CreatedAt time.Time `json:"t"`

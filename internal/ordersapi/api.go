@@ -107,6 +107,7 @@ func New(cfg Config) http.Handler {
 		r.Post("/orders", a.createOrder)
 		r.Get("/orders", a.listOrders)
 		r.Get("/orders/{id}", a.getOrder)
+		r.Get("/orders/{id}/events", a.getOrderEvents)
 		r.Post("/orders/{id}/pay", a.payOrder)
 		r.Post("/orders/{id}/cancel", a.cancelOrder)
 		r.Post("/orders/{id}/ship", a.shipOrder)
@@ -213,6 +214,41 @@ func (a *api) getOrder(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeOrder(w, http.StatusOK, o)
+}
+
+// orderEvents is the body of GET /orders/{id}/events.
+type orderEvents struct {
+	OrderID uuid.UUID    `json:"order_id"`
+	Version int64        `json:"version"`
+	Events  []orderEvent `json:"events"`
+}
+
+type orderEvent struct {
+	Version   int64     `json:"version"`
+	EventID   uuid.UUID `json:"event_id"`
+	EventType string    `json:"event_type"`
+}
+
+// getOrderEvents answers which event_id owns each version of an order. The
+// notifier asks it to tell the genuine event from a record that only claims
+// a version (C7).
+func (a *api) getOrderEvents(w http.ResponseWriter, r *http.Request) {
+	p, _ := auth.FromContext(r.Context())
+	id, ok := orderID(w, r)
+	if !ok {
+		return
+	}
+	h, err := a.Service.History(r.Context(), p, id)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	body := orderEvents{OrderID: h.OrderID, Version: h.Version, Events: make([]orderEvent, len(h.Events))}
+	for i, e := range h.Events {
+		body.Events[i] = orderEvent{Version: e.AggregateVersion, EventID: e.ID, EventType: e.Type}
+	}
+	w.Header().Set("ETag", etag(h.Version))
+	writeJSON(w, http.StatusOK, body)
 }
 
 type orderList struct {

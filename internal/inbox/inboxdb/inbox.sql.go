@@ -314,11 +314,49 @@ func (q *Queries) InboxAggregateResyncFailed(ctx context.Context, arg InboxAggre
 	return err
 }
 
+const inboxAggregateResyncNow = `-- name: InboxAggregateResyncNow :exec
+UPDATE inbox_aggregate
+SET gap_since    = coalesce(gap_since, clock_timestamp()),
+    resync_after = clock_timestamp(),
+    updated_at   = clock_timestamp()
+WHERE aggregate_type = $1 AND aggregate_id = $2
+`
+
+type InboxAggregateResyncNowParams struct {
+	AggregateType string
+	AggregateID   string
+}
+
+// An event arrived for a version a snapshot placed: it is held, and the
+// source of truth is asked at once whether it wrote it.
+func (q *Queries) InboxAggregateResyncNow(ctx context.Context, arg InboxAggregateResyncNowParams) error {
+	_, err := q.db.Exec(ctx, inboxAggregateResyncNow, arg.AggregateType, arg.AggregateID)
+	return err
+}
+
+const inboxAggregateUndiverge = `-- name: InboxAggregateUndiverge :exec
+UPDATE inbox_aggregate
+SET diverged_at = NULL, diverged_from = NULL, updated_at = clock_timestamp()
+WHERE aggregate_type = $1 AND aggregate_id = $2
+`
+
+type InboxAggregateUndivergeParams struct {
+	AggregateType string
+	AggregateID   string
+}
+
+// The source of truth confirmed the local history: the conflicting events
+// were impostors, and nothing forked.
+func (q *Queries) InboxAggregateUndiverge(ctx context.Context, arg InboxAggregateUndivergeParams) error {
+	_, err := q.db.Exec(ctx, inboxAggregateUndiverge, arg.AggregateType, arg.AggregateID)
+	return err
+}
+
 const inboxConflictInsert = `-- name: InboxConflictInsert :exec
 INSERT INTO inbox_conflict (event_id, aggregate_type, aggregate_id, aggregate_version,
-                            event_type, existing_event_id, payload)
+                            event_type, existing_event_id, payload, schema_version, event_time)
 VALUES ($1, $2, $3, $4,
-        $5, $6, $7)
+        $5, $6, $7, $8, $9)
 `
 
 type InboxConflictInsertParams struct {
@@ -329,6 +367,8 @@ type InboxConflictInsertParams struct {
 	EventType        string
 	ExistingEventID  uuid.UUID
 	Payload          []byte
+	SchemaVersion    *int32
+	EventTime        *time.Time
 }
 
 func (q *Queries) InboxConflictInsert(ctx context.Context, arg InboxConflictInsertParams) error {
@@ -340,12 +380,14 @@ func (q *Queries) InboxConflictInsert(ctx context.Context, arg InboxConflictInse
 		arg.EventType,
 		arg.ExistingEventID,
 		arg.Payload,
+		arg.SchemaVersion,
+		arg.EventTime,
 	)
 	return err
 }
 
 const inboxConflictList = `-- name: InboxConflictList :many
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, existing_event_id, payload, detected_at FROM inbox_conflict
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, existing_event_id, payload, detected_at, resolution, resolved_at, schema_version, event_time FROM inbox_conflict
 WHERE aggregate_type = $1 AND aggregate_id = $2
 ORDER BY aggregate_version, detected_at
 `
@@ -373,6 +415,10 @@ func (q *Queries) InboxConflictList(ctx context.Context, arg InboxConflictListPa
 			&i.ExistingEventID,
 			&i.Payload,
 			&i.DetectedAt,
+			&i.Resolution,
+			&i.ResolvedAt,
+			&i.SchemaVersion,
+			&i.EventTime,
 		); err != nil {
 			return nil, err
 		}
@@ -385,7 +431,8 @@ func (q *Queries) InboxConflictList(ctx context.Context, arg InboxConflictListPa
 }
 
 const inboxConflictListAll = `-- name: InboxConflictListAll :many
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, existing_event_id, detected_at
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, existing_event_id, detected_at,
+       resolution, resolved_at
 FROM inbox_conflict
 ORDER BY detected_at, event_id
 LIMIT $1
@@ -399,6 +446,8 @@ type InboxConflictListAllRow struct {
 	EventType        string
 	ExistingEventID  uuid.UUID
 	DetectedAt       time.Time
+	Resolution       *string
+	ResolvedAt       *time.Time
 }
 
 // Conflicts, oldest first, without their payloads.
@@ -419,6 +468,8 @@ func (q *Queries) InboxConflictListAll(ctx context.Context, rowLimit int32) ([]I
 			&i.EventType,
 			&i.ExistingEventID,
 			&i.DetectedAt,
+			&i.Resolution,
+			&i.ResolvedAt,
 		); err != nil {
 			return nil, err
 		}
@@ -428,6 +479,67 @@ func (q *Queries) InboxConflictListAll(ctx context.Context, rowLimit int32) ([]I
 		return nil, err
 	}
 	return items, nil
+}
+
+const inboxConflictPending = `-- name: InboxConflictPending :many
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, existing_event_id, payload, detected_at, resolution, resolved_at, schema_version, event_time FROM inbox_conflict
+WHERE aggregate_type = $1 AND aggregate_id = $2 AND resolution IS NULL
+ORDER BY aggregate_version, detected_at
+`
+
+type InboxConflictPendingParams struct {
+	AggregateType string
+	AggregateID   string
+}
+
+// The aggregate's conflicts that wait for the source of truth's word.
+func (q *Queries) InboxConflictPending(ctx context.Context, arg InboxConflictPendingParams) ([]InboxConflict, error) {
+	rows, err := q.db.Query(ctx, inboxConflictPending, arg.AggregateType, arg.AggregateID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []InboxConflict{}
+	for rows.Next() {
+		var i InboxConflict
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateVersion,
+			&i.EventType,
+			&i.ExistingEventID,
+			&i.Payload,
+			&i.DetectedAt,
+			&i.Resolution,
+			&i.ResolvedAt,
+			&i.SchemaVersion,
+			&i.EventTime,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const inboxConflictResolve = `-- name: InboxConflictResolve :exec
+UPDATE inbox_conflict
+SET resolution = $1::text, resolved_at = clock_timestamp()
+WHERE event_id = $2
+`
+
+type InboxConflictResolveParams struct {
+	Resolution string
+	EventID    uuid.UUID
+}
+
+func (q *Queries) InboxConflictResolve(ctx context.Context, arg InboxConflictResolveParams) error {
+	_, err := q.db.Exec(ctx, inboxConflictResolve, arg.Resolution, arg.EventID)
+	return err
 }
 
 const inboxGapsDue = `-- name: InboxGapsDue :many
@@ -510,10 +622,37 @@ func (q *Queries) InboxHeldDelete(ctx context.Context, eventID uuid.UUID) error 
 	return err
 }
 
+const inboxHeldGet = `-- name: InboxHeldGet :one
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at, rejected_by FROM inbox_held_event WHERE event_id = $1
+`
+
+// Every change to a held event happens under its aggregate's lock, which
+// the caller takes after this read and before reading again.
+func (q *Queries) InboxHeldGet(ctx context.Context, eventID uuid.UUID) (InboxHeldEvent, error) {
+	row := q.db.QueryRow(ctx, inboxHeldGet, eventID)
+	var i InboxHeldEvent
+	err := row.Scan(
+		&i.EventID,
+		&i.AggregateType,
+		&i.AggregateID,
+		&i.AggregateVersion,
+		&i.EventType,
+		&i.SchemaVersion,
+		&i.EventTime,
+		&i.Payload,
+		&i.State,
+		&i.ParkReason,
+		&i.HeldAt,
+		&i.ParkedAt,
+		&i.RejectedBy,
+	)
+	return i, err
+}
+
 const inboxHeldGetByVersion = `-- name: InboxHeldGetByVersion :one
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at FROM inbox_held_event
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at, rejected_by FROM inbox_held_event
 WHERE aggregate_type = $1 AND aggregate_id = $2
-  AND aggregate_version = $3
+  AND aggregate_version = $3 AND state <> 'rejected'
 `
 
 type InboxHeldGetByVersionParams struct {
@@ -522,6 +661,7 @@ type InboxHeldGetByVersionParams struct {
 	AggregateVersion int64
 }
 
+// The held or parked event that owns a version; a rejected one owns none.
 func (q *Queries) InboxHeldGetByVersion(ctx context.Context, arg InboxHeldGetByVersionParams) (InboxHeldEvent, error) {
 	row := q.db.QueryRow(ctx, inboxHeldGetByVersion, arg.AggregateType, arg.AggregateID, arg.AggregateVersion)
 	var i InboxHeldEvent
@@ -538,6 +678,7 @@ func (q *Queries) InboxHeldGetByVersion(ctx context.Context, arg InboxHeldGetByV
 		&i.ParkReason,
 		&i.HeldAt,
 		&i.ParkedAt,
+		&i.RejectedBy,
 	)
 	return i, err
 }
@@ -575,7 +716,7 @@ func (q *Queries) InboxHeldInsert(ctx context.Context, arg InboxHeldInsertParams
 }
 
 const inboxHeldListForAggregate = `-- name: InboxHeldListForAggregate :many
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at FROM inbox_held_event
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at, rejected_by FROM inbox_held_event
 WHERE aggregate_type = $1 AND aggregate_id = $2
 ORDER BY aggregate_version
 `
@@ -607,6 +748,7 @@ func (q *Queries) InboxHeldListForAggregate(ctx context.Context, arg InboxHeldLi
 			&i.ParkReason,
 			&i.HeldAt,
 			&i.ParkedAt,
+			&i.RejectedBy,
 		); err != nil {
 			return nil, err
 		}
@@ -619,7 +761,7 @@ func (q *Queries) InboxHeldListForAggregate(ctx context.Context, arg InboxHeldLi
 }
 
 const inboxHeldNext = `-- name: InboxHeldNext :one
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at FROM inbox_held_event
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at, rejected_by FROM inbox_held_event
 WHERE aggregate_type = $1 AND aggregate_id = $2
   AND aggregate_version = $3 AND state = 'held'
 `
@@ -647,6 +789,7 @@ func (q *Queries) InboxHeldNext(ctx context.Context, arg InboxHeldNextParams) (I
 		&i.ParkReason,
 		&i.HeldAt,
 		&i.ParkedAt,
+		&i.RejectedBy,
 	)
 	return i, err
 }
@@ -655,7 +798,7 @@ const inboxHeldParkAll = `-- name: InboxHeldParkAll :many
 UPDATE inbox_held_event h
 SET state = 'parked', park_reason = left($1::text, 1024), parked_at = clock_timestamp()
 WHERE h.aggregate_type = $2 AND h.aggregate_id = $3 AND h.state = 'held'
-RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at, rejected_by
 `
 
 type InboxHeldParkAllParams struct {
@@ -688,6 +831,7 @@ func (q *Queries) InboxHeldParkAll(ctx context.Context, arg InboxHeldParkAllPara
 			&i.ParkReason,
 			&i.HeldAt,
 			&i.ParkedAt,
+			&i.RejectedBy,
 		); err != nil {
 			return nil, err
 		}
@@ -722,9 +866,9 @@ func (q *Queries) InboxHeldParkOne(ctx context.Context, arg InboxHeldParkOnePara
 
 const inboxHeldParkedList = `-- name: InboxHeldParkedList :many
 SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
-       event_time, park_reason, held_at, parked_at
+       event_time, park_reason, held_at, parked_at, state, rejected_by
 FROM inbox_held_event
-WHERE state = 'parked'
+WHERE state IN ('parked', 'rejected')
 ORDER BY parked_at, event_id
 LIMIT $1
 `
@@ -740,6 +884,8 @@ type InboxHeldParkedListRow struct {
 	ParkReason       *string
 	HeldAt           time.Time
 	ParkedAt         *time.Time
+	State            string
+	RejectedBy       *string
 }
 
 // Held events parked (a resync could not place them, or their change
@@ -764,6 +910,8 @@ func (q *Queries) InboxHeldParkedList(ctx context.Context, rowLimit int32) ([]In
 			&i.ParkReason,
 			&i.HeldAt,
 			&i.ParkedAt,
+			&i.State,
+			&i.RejectedBy,
 		); err != nil {
 			return nil, err
 		}
@@ -775,9 +923,47 @@ func (q *Queries) InboxHeldParkedList(ctx context.Context, rowLimit int32) ([]In
 	return items, nil
 }
 
+const inboxHeldReject = `-- name: InboxHeldReject :one
+UPDATE inbox_held_event
+SET state = 'rejected', park_reason = left($1::text, 1024), parked_at = clock_timestamp(),
+    rejected_by = $2
+WHERE event_id = $3 AND state <> 'rejected'
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at, rejected_by
+`
+
+type InboxHeldRejectParams struct {
+	Reason  string
+	Actor   *string
+	EventID uuid.UUID
+}
+
+// The source of truth does not own this event at its version, or an
+// operator dropped it: it gives its version up and is kept, with the
+// reason, for an operator to see.
+func (q *Queries) InboxHeldReject(ctx context.Context, arg InboxHeldRejectParams) (InboxHeldEvent, error) {
+	row := q.db.QueryRow(ctx, inboxHeldReject, arg.Reason, arg.Actor, arg.EventID)
+	var i InboxHeldEvent
+	err := row.Scan(
+		&i.EventID,
+		&i.AggregateType,
+		&i.AggregateID,
+		&i.AggregateVersion,
+		&i.EventType,
+		&i.SchemaVersion,
+		&i.EventTime,
+		&i.Payload,
+		&i.State,
+		&i.ParkReason,
+		&i.HeldAt,
+		&i.ParkedAt,
+		&i.RejectedBy,
+	)
+	return i, err
+}
+
 const inboxHeldStats = `-- name: InboxHeldStats :one
 SELECT count(*) FILTER (WHERE state = 'held')   AS held,
-       count(*) FILTER (WHERE state = 'parked') AS parked
+       count(*) FILTER (WHERE state IN ('parked', 'rejected')) AS parked
 FROM inbox_held_event
 `
 
@@ -797,7 +983,7 @@ const inboxHeldTakeCovered = `-- name: InboxHeldTakeCovered :many
 DELETE FROM inbox_held_event h
 WHERE h.aggregate_type = $1 AND h.aggregate_id = $2
   AND h.state = 'held' AND h.aggregate_version <= $3
-RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, event_time, payload, state, park_reason, held_at, parked_at, rejected_by
 `
 
 type InboxHeldTakeCoveredParams struct {
@@ -831,6 +1017,58 @@ func (q *Queries) InboxHeldTakeCovered(ctx context.Context, arg InboxHeldTakeCov
 			&i.ParkReason,
 			&i.HeldAt,
 			&i.ParkedAt,
+			&i.RejectedBy,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const inboxHeldWaitingList = `-- name: InboxHeldWaitingList :many
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+       event_time, held_at
+FROM inbox_held_event
+WHERE state = 'held'
+ORDER BY held_at, event_id
+LIMIT $1
+`
+
+type InboxHeldWaitingListRow struct {
+	EventID          uuid.UUID
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	SchemaVersion    int32
+	EventTime        time.Time
+	HeldAt           time.Time
+}
+
+// Events still held for an earlier version, oldest first, without their
+// payloads: what an operator may drop.
+func (q *Queries) InboxHeldWaitingList(ctx context.Context, rowLimit int32) ([]InboxHeldWaitingListRow, error) {
+	rows, err := q.db.Query(ctx, inboxHeldWaitingList, rowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []InboxHeldWaitingListRow{}
+	for rows.Next() {
+		var i InboxHeldWaitingListRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateVersion,
+			&i.EventType,
+			&i.SchemaVersion,
+			&i.EventTime,
+			&i.HeldAt,
 		); err != nil {
 			return nil, err
 		}
@@ -1309,6 +1547,46 @@ func (q *Queries) ProcessedEventOwner(ctx context.Context, arg ProcessedEventOwn
 	var event_id uuid.UUID
 	err := row.Scan(&event_id)
 	return event_id, err
+}
+
+const processedEventOwnersFrom = `-- name: ProcessedEventOwnersFrom :many
+SELECT event_id, aggregate_version FROM processed_event
+WHERE aggregate_type = $1 AND aggregate_id = $2
+  AND aggregate_version >= $3
+  AND outcome IN ('applied', 'superseded', 'covered')
+`
+
+type ProcessedEventOwnersFromParams struct {
+	AggregateType string
+	AggregateID   string
+	FromVersion   int64
+}
+
+type ProcessedEventOwnersFromRow struct {
+	EventID          uuid.UUID
+	AggregateVersion int64
+}
+
+// The events that own the aggregate's versions from @from_version on: the
+// local history a conflict put in doubt.
+func (q *Queries) ProcessedEventOwnersFrom(ctx context.Context, arg ProcessedEventOwnersFromParams) ([]ProcessedEventOwnersFromRow, error) {
+	rows, err := q.db.Query(ctx, processedEventOwnersFrom, arg.AggregateType, arg.AggregateID, arg.FromVersion)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ProcessedEventOwnersFromRow{}
+	for rows.Next() {
+		var i ProcessedEventOwnersFromRow
+		if err := rows.Scan(&i.EventID, &i.AggregateVersion); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const processedEventSetOutcome = `-- name: ProcessedEventSetOutcome :exec

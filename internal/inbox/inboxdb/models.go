@@ -32,6 +32,10 @@ type InboxConflict struct {
 	ExistingEventID  uuid.UUID
 	Payload          []byte
 	DetectedAt       time.Time
+	Resolution       *string
+	ResolvedAt       *time.Time
+	SchemaVersion    *int32
+	EventTime        *time.Time
 }
 
 type InboxHeldEvent struct {
@@ -47,6 +51,7 @@ type InboxHeldEvent struct {
 	ParkReason       *string
 	HeldAt           time.Time
 	ParkedAt         *time.Time
+	RejectedBy       *string
 }
 
 type InboxParkedRecord struct {

@@ -28,6 +28,15 @@ SET gap_since    = coalesce(gap_since, clock_timestamp()),
     updated_at   = clock_timestamp()
 WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
 
+-- name: InboxAggregateResyncNow :exec
+-- An event arrived for a version a snapshot placed: it is held, and the
+-- source of truth is asked at once whether it wrote it.
+UPDATE inbox_aggregate
+SET gap_since    = coalesce(gap_since, clock_timestamp()),
+    resync_after = clock_timestamp(),
+    updated_at   = clock_timestamp()
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
+
 -- name: InboxAggregateDiverge :exec
 -- A conflict at @version: the producer's history forked at or before it.
 -- Later versions are held from now on, and a resync is due at once.
@@ -140,9 +149,25 @@ VALUES (@event_id, @aggregate_type, @aggregate_id, @aggregate_version,
         @event_type, @schema_version, @event_time, @payload);
 
 -- name: InboxHeldGetByVersion :one
+-- The held or parked event that owns a version; a rejected one owns none.
 SELECT * FROM inbox_held_event
 WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
-  AND aggregate_version = @aggregate_version;
+  AND aggregate_version = @aggregate_version AND state <> 'rejected';
+
+-- name: InboxHeldGet :one
+-- Every change to a held event happens under its aggregate's lock, which
+-- the caller takes after this read and before reading again.
+SELECT * FROM inbox_held_event WHERE event_id = @event_id;
+
+-- name: InboxHeldReject :one
+-- The source of truth does not own this event at its version, or an
+-- operator dropped it: it gives its version up and is kept, with the
+-- reason, for an operator to see.
+UPDATE inbox_held_event
+SET state = 'rejected', park_reason = left(@reason::text, 1024), parked_at = clock_timestamp(),
+    rejected_by = sqlc.narg('actor')
+WHERE event_id = @event_id AND state <> 'rejected'
+RETURNING *;
 
 -- name: InboxHeldNext :one
 -- The held event that directly follows the applied version, if it arrived.
@@ -188,14 +213,40 @@ ORDER BY aggregate_version;
 
 -- name: InboxHeldStats :one
 SELECT count(*) FILTER (WHERE state = 'held')   AS held,
-       count(*) FILTER (WHERE state = 'parked') AS parked
+       count(*) FILTER (WHERE state IN ('parked', 'rejected')) AS parked
 FROM inbox_held_event;
 
 -- name: InboxConflictInsert :exec
 INSERT INTO inbox_conflict (event_id, aggregate_type, aggregate_id, aggregate_version,
-                            event_type, existing_event_id, payload)
+                            event_type, existing_event_id, payload, schema_version, event_time)
 VALUES (@event_id, @aggregate_type, @aggregate_id, @aggregate_version,
-        @event_type, @existing_event_id, @payload);
+        @event_type, @existing_event_id, @payload, @schema_version, @event_time);
+
+-- name: InboxConflictPending :many
+-- The aggregate's conflicts that wait for the source of truth's word.
+SELECT * FROM inbox_conflict
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id AND resolution IS NULL
+ORDER BY aggregate_version, detected_at;
+
+-- name: InboxConflictResolve :exec
+UPDATE inbox_conflict
+SET resolution = @resolution::text, resolved_at = clock_timestamp()
+WHERE event_id = @event_id;
+
+-- name: ProcessedEventOwnersFrom :many
+-- The events that own the aggregate's versions from @from_version on: the
+-- local history a conflict put in doubt.
+SELECT event_id, aggregate_version FROM processed_event
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
+  AND aggregate_version >= @from_version
+  AND outcome IN ('applied', 'superseded', 'covered');
+
+-- name: InboxAggregateUndiverge :exec
+-- The source of truth confirmed the local history: the conflicting events
+-- were impostors, and nothing forked.
+UPDATE inbox_aggregate
+SET diverged_at = NULL, diverged_from = NULL, updated_at = clock_timestamp()
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
 
 -- name: InboxConflictList :many
 SELECT * FROM inbox_conflict
@@ -265,15 +316,26 @@ RETURNING sha256(convert_to(to_jsonb(p)::text, 'UTF8'))::bytea AS row_sha256;
 -- Held events parked (a resync could not place them, or their change
 -- failed), oldest first, without their payloads.
 SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
-       event_time, park_reason, held_at, parked_at
+       event_time, park_reason, held_at, parked_at, state, rejected_by
 FROM inbox_held_event
-WHERE state = 'parked'
+WHERE state IN ('parked', 'rejected')
 ORDER BY parked_at, event_id
+LIMIT @row_limit;
+
+-- name: InboxHeldWaitingList :many
+-- Events still held for an earlier version, oldest first, without their
+-- payloads: what an operator may drop.
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+       event_time, held_at
+FROM inbox_held_event
+WHERE state = 'held'
+ORDER BY held_at, event_id
 LIMIT @row_limit;
 
 -- name: InboxConflictListAll :many
 -- Conflicts, oldest first, without their payloads.
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, existing_event_id, detected_at
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, existing_event_id, detected_at,
+       resolution, resolved_at
 FROM inbox_conflict
 ORDER BY detected_at, event_id
 LIMIT @row_limit;
