@@ -13,6 +13,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/outboxref/orders/internal/envconfig"
 	"github.com/outboxref/orders/internal/notifyapi"
 )
@@ -27,7 +29,9 @@ goes to the audit trail with the token's subject.
 commands:
   parked [--all] [--after ID] [--limit N]       parked records (open ones unless --all) and held events parked
   parked show ID                                one parked record: headers, key and value
-  conflicts [--limit N]                         events refused because another owns their version
+  conflicts [--limit N]                         events that claimed a version another owns, and the verdict
+  held [--limit N]                              events waiting for an earlier version of their order
+  held drop EVENT_ID --reason R                 take a held event out of its order's sequence for good
   retry ID --reason R                           decode and process a parked record again, now
   emails [STATE] [--limit N]                    send-ledger rows in STATE (default unknown)
   resolve-email KEY sent|resend|failed --reason R
@@ -176,6 +180,45 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 		}
 		return output(stdout, a.json, list, func(w io.Writer) { printParked(w, list) })
 
+	case cmd == "held" && len(rest) > 0 && rest[0] == "drop":
+		rest = rest[1:]
+		const usage = "held drop EVENT_ID --reason R"
+		if err := want(1, usage); err != nil {
+			return err
+		}
+		id, err := uuid.Parse(rest[0])
+		if err != nil {
+			return fmt.Errorf("admin held drop: %q is not an event id", rest[0])
+		}
+		why, err := reason(usage)
+		if err != nil {
+			return err
+		}
+		res, err := c.DropHeld(ctx, id, why)
+		if err != nil {
+			return fmt.Errorf("admin held drop %s: %w", id, err)
+		}
+		return output(stdout, a.json, res, func(w io.Writer) {
+			fmt.Fprintf(w, "held drop: %s (%s v%d of %s) dropped (audit %d)\n", res.EventID, res.EventType, res.AggregateVersion, res.AggregateID, res.AuditID)
+		})
+
+	case cmd == "held":
+		if err := want(0, "held [--limit N]"); err != nil {
+			return err
+		}
+		list, err := c.Held(ctx, a.limit)
+		if err != nil {
+			return fmt.Errorf("admin held: %w", err)
+		}
+		return output(stdout, a.json, list, func(w io.Writer) {
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "EVENT_ID\tAGGREGATE\tVERSION\tEVENT_TYPE\tHELD_AT")
+			for _, e := range list.Events {
+				fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\n", e.EventID, e.AggregateType, e.AggregateID, e.AggregateVersion, e.EventType, when(e.HeldAt))
+			}
+			_ = tw.Flush()
+		})
+
 	case cmd == "conflicts":
 		if err := want(0, "conflicts [--limit N]"); err != nil {
 			return err
@@ -295,12 +338,16 @@ func printParked(w io.Writer, list notifyapi.ParkedList) {
 	if len(list.Events) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "\nheld events parked:")
+	fmt.Fprintln(w, "\nheld events parked or rejected:")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT_ID\tAGGREGATE\tVERSION\tEVENT_TYPE\tHELD_AT\tREASON")
+	fmt.Fprintln(tw, "EVENT_ID\tAGGREGATE\tVERSION\tEVENT_TYPE\tHELD_AT\tSTATE\tREASON")
 	for _, e := range list.Events {
-		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\n", e.EventID, e.AggregateType, e.AggregateID, e.AggregateVersion, e.EventType,
-			when(e.HeldAt), e.Reason)
+		state := "parked"
+		if e.Rejected {
+			state = "rejected"
+		}
+		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\t%s\n", e.EventID, e.AggregateType, e.AggregateID, e.AggregateVersion, e.EventType,
+			when(e.HeldAt), state, e.Reason)
 	}
 	_ = tw.Flush()
 }
@@ -358,10 +405,14 @@ func orDash(s string) string {
 
 func printConflicts(w io.Writer, list notifyapi.ConflictList) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT_ID\tAGGREGATE\tVERSION\tEVENT_TYPE\tEXISTING_EVENT_ID\tDETECTED_AT")
+	fmt.Fprintln(tw, "EVENT_ID\tAGGREGATE\tVERSION\tEVENT_TYPE\tEXISTING_EVENT_ID\tDETECTED_AT\tVERDICT")
 	for _, c := range list.Conflicts {
-		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\n", c.EventID, c.AggregateType, c.AggregateID, c.AggregateVersion, c.EventType,
-			c.ExistingEventID, when(c.DetectedAt))
+		verdict := c.Resolution
+		if verdict == "" {
+			verdict = "pending"
+		}
+		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\t%s\n", c.EventID, c.AggregateType, c.AggregateID, c.AggregateVersion, c.EventType,
+			c.ExistingEventID, when(c.DetectedAt), verdict)
 	}
 	_ = tw.Flush()
 }

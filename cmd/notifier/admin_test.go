@@ -126,7 +126,7 @@ func TestAdminCLI(t *testing.T) {
 	t.Run("Conflicts", func(t *testing.T) {
 		order := uuid.New()
 		payload := map[string]any{"customer": "carol", "email": "carol@example.com", "currency": "EUR", "total_cents": 1,
-			"items": []map[string]any{}}
+			"items": []map[string]any{{"sku": "PEN", "quantity": 1, "unit_price_cents": 1}}, "placed_at": time.Now().UTC().Format(time.RFC3339)}
 		owner, rival := orderRecord(t, order, 1, "order.placed", payload), orderRecord(t, order, 1, "order.placed", payload)
 		require.NoError(t, prod.ProduceSync(ctx, owner, rival).FirstErr())
 		var out string

@@ -20,6 +20,7 @@ import (
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/notify"
+	"github.com/outboxref/orders/internal/outbox/cloudevents"
 )
 
 // Config is the notifier's whole configuration, read from the environment.
@@ -39,6 +40,9 @@ type Config struct {
 	OrdersAPIToken   string        // ORDERS_API_TOKEN: a service-role token
 	OrdersAPITimeout time.Duration // ORDERS_API_TIMEOUT
 	GapWindow        time.Duration // GAP_WINDOW: how long a gap is held before a resync
+	// OrdersEventSource is the ce_source the orders service writes (its
+	// RELAY_CE_SOURCE); a record with any other source is parked (C7).
+	OrdersEventSource string // ORDERS_EVENT_SOURCE
 
 	Retention RetentionConfig
 }
@@ -159,10 +163,11 @@ func loadConfig(getenv func(string) string) (Config, error) {
 			MaxAge:         r.Duration("EMAIL_MAX_AGE", 24*time.Hour),
 			Senders:        r.Int("EMAIL_SENDERS", 1, 1, 64),
 		},
-		OrdersAPIURL:     r.String("ORDERS_API_URL", "http://127.0.0.1:8080"),
-		OrdersAPIToken:   r.String("ORDERS_API_TOKEN", ""),
-		OrdersAPITimeout: r.Duration("ORDERS_API_TIMEOUT", 5*time.Second),
-		GapWindow:        r.Duration("GAP_WINDOW", 30*time.Second),
+		OrdersAPIURL:      r.String("ORDERS_API_URL", "http://127.0.0.1:8080"),
+		OrdersAPIToken:    r.String("ORDERS_API_TOKEN", ""),
+		OrdersAPITimeout:  r.Duration("ORDERS_API_TIMEOUT", 5*time.Second),
+		GapWindow:         r.Duration("GAP_WINDOW", 30*time.Second),
+		OrdersEventSource: r.String("ORDERS_EVENT_SOURCE", notify.DefaultSource),
 		Retention: RetentionConfig{
 			ProcessedEventTTL:      r.Duration("PROCESSED_EVENT_TTL", 30*24*time.Hour),
 			BrokerRedeliveryWindow: r.Duration("BROKER_REDELIVERY_WINDOW", 7*24*time.Hour),
@@ -209,6 +214,9 @@ func loadConfig(getenv func(string) string) (Config, error) {
 	if err := inbox.CheckRetention(c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention); err != nil {
 		r.Fail("PROCESSED_EVENT_TTL=%s is shorter than BROKER_REDELIVERY_WINDOW (%s) + BACKUP_RETENTION (%s): %v",
 			c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention, err)
+	}
+	if !cloudevents.ValidText(c.OrdersEventSource, cloudevents.MaxSourceBytes) {
+		r.Fail("ORDERS_EVENT_SOURCE=%q: want the orders service's RELAY_CE_SOURCE, printable text", c.OrdersEventSource)
 	}
 	if c.Email.MaxAge <= 0 {
 		r.Fail("EMAIL_MAX_AGE=%s must be positive", c.Email.MaxAge)
@@ -306,8 +314,8 @@ func (c Config) print(w io.Writer) {
 		c.Email.SMTPAddr, c.Email.TLS, c.Email.TLSCAFile, c.Email.TLSServerName, c.Email.Username, envconfig.Mask(c.Email.Password))
 	fmt.Fprintf(w, "config: SMTP_FROM=%s SMTP_HELO_NAME=%s SMTP_TIMEOUT=%s EMAIL_SENDING_TIMEOUT=%s EMAIL_UNKNOWN_POLICY=%s EMAIL_MAX_ATTEMPTS=%d EMAIL_BACKOFF_BASE=%s EMAIL_BACKOFF_CAP=%s EMAIL_POLL_INTERVAL=%s EMAIL_MAX_AGE=%s EMAIL_SENDERS=%d\n",
 		c.Email.From, c.Email.HeloName, c.Email.SendTimeout, c.Email.SendingTimeout, c.Email.UnknownPolicy, c.Email.MaxAttempts, c.Email.BackoffBase, c.Email.BackoffCap, c.Email.PollInterval, c.Email.MaxAge, c.Email.Senders)
-	fmt.Fprintf(w, "config: ORDERS_API_URL=%s ORDERS_API_TOKEN=%s ORDERS_API_TIMEOUT=%s GAP_WINDOW=%s\n",
-		envconfig.MaskURL(c.OrdersAPIURL), envconfig.Mask(c.OrdersAPIToken), c.OrdersAPITimeout, c.GapWindow)
+	fmt.Fprintf(w, "config: ORDERS_API_URL=%s ORDERS_API_TOKEN=%s ORDERS_API_TIMEOUT=%s GAP_WINDOW=%s ORDERS_EVENT_SOURCE=%s\n",
+		envconfig.MaskURL(c.OrdersAPIURL), envconfig.Mask(c.OrdersAPIToken), c.OrdersAPITimeout, c.GapWindow, c.OrdersEventSource)
 	fmt.Fprintf(w, "config: PROCESSED_EVENT_TTL=%s BROKER_REDELIVERY_WINDOW=%s BACKUP_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d CLEANUP_PAUSE=%s\n",
 		c.Retention.ProcessedEventTTL, c.Retention.BrokerRedeliveryWindow, c.Retention.BackupRetention, c.Retention.CleanupInterval, c.Retention.CleanupBatch, c.Retention.CleanupPause)
 	fmt.Fprintf(w, "config: LOG_LEVEL=%s DEBUG_ADDR=%s\n", envconfig.LevelName(c.LogLevel), c.DebugAddr)

@@ -264,7 +264,7 @@ func TestServe(t *testing.T) {
 	// A sync point instead of reading the mailbox at once: the order's next
 	// event (same key, so consumed after the copies) has been emailed, so
 	// any email the copies caused has been sent too.
-	shipped := orderRecord(t, orderID, 5, "order.shipped", map[string]any{"email": "alice@example.com"})
+	shipped := orderRecord(t, orderID, 5, "order.shipped", map[string]any{"email": "alice@example.com", "shipped_at": time.Now().UTC().Format(time.RFC3339)})
 	require.NoError(t, prod.ProduceSync(ctx, shipped).FirstErr())
 	require.Eventually(t, func() bool {
 		return mail.Count(notify.MessageID(uuid.MustParse(string(header(shipped, "ce_id"))))) == 1
@@ -318,7 +318,7 @@ func orderRecord(t *testing.T, id uuid.UUID, version int, typ string, payload ma
 	require.NoError(t, err)
 	h := func(k, v string) kgo.RecordHeader { return kgo.RecordHeader{Key: k, Value: []byte(v)} }
 	return &kgo.Record{Key: []byte(id.String()), Value: value, Headers: []kgo.RecordHeader{
-		h("ce_specversion", "1.0"), h("ce_id", uuid.NewString()), h("ce_type", typ), h("ce_source", "/orders"),
+		h("ce_specversion", "1.0"), h("ce_id", uuid.NewString()), h("ce_type", typ), h("ce_source", notify.DefaultSource),
 		h("ce_subject", id.String()), h("ce_time", now), h("content-type", "application/json"),
 		h("ce_aggregatetype", "order"), h("ce_aggregateversion", strconv.Itoa(version)), h("ce_schemaversion", "1"),
 	}}

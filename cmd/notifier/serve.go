@@ -108,6 +108,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		Mailer:            mailer,
 		Orders:            notify.NewOrdersClient(cfg.OrdersAPIURL, cfg.OrdersAPIToken, cfg.OrdersAPITimeout),
 		GapWindow:         cfg.GapWindow,
+		Source:            cfg.OrdersEventSource,
 		ResyncInterval:    min(max(cfg.GapWindow/4, 100*time.Millisecond), 5*time.Second),
 		ProcessedEventTTL: cfg.Retention.ProcessedEventTTL,
 		CleanupInterval:   cfg.Retention.CleanupInterval,

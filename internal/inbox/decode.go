@@ -28,6 +28,7 @@ func DecodeRecord(r *kgo.Record) (Event, error) {
 		AggregateID:      ce.AggregateID,
 		AggregateVersion: ce.AggregateVersion,
 		Type:             ce.Type,
+		Source:           ce.Source,
 		SchemaVersion:    ce.SchemaVersion,
 		Time:             ce.Time,
 		Payload:          ce.Data,

@@ -77,7 +77,10 @@ type Event struct {
 	AggregateID      string
 	AggregateVersion int64
 	// Type is the event type, for example "invoice.issued".
-	Type          string
+	Type string
+	// Source is the producer's ce_source, as the record carried it (a
+	// consumer checks it); it is not stored.
+	Source        string
 	SchemaVersion int
 	// Time is when the producer committed the event.
 	Time time.Time

@@ -132,6 +132,22 @@ func (ib *Inbox) resyncOne(ctx context.Context, agg inboxdb.InboxAggregate) ([]E
 					}
 				}
 			}
+			// A conflict on an aggregate the source does not know: neither
+			// event is the source's, and the newcomer is refused for good.
+			pending, err := q.InboxConflictPending(ctx, inboxdb.InboxConflictPendingParams{AggregateType: agg.AggregateType, AggregateID: agg.AggregateID})
+			if err != nil {
+				return fmt.Errorf("list pending conflicts: %w", err)
+			}
+			for _, c := range pending {
+				if err := q.InboxConflictResolve(ctx, inboxdb.InboxConflictResolveParams{EventID: c.EventID, Resolution: "impostor"}); err != nil {
+					return fmt.Errorf("resolve conflict: %w", err)
+				}
+				if ib.cfg.Rejected != nil {
+					if err := ib.cfg.Rejected(ctx, tx, conflictEvent(c), RejectNotFound); err != nil {
+						return fmt.Errorf("reject conflicting %s v%d: %w", c.EventType, c.AggregateVersion, err)
+					}
+				}
+			}
 			return q.InboxAggregateCloseGap(ctx, inboxdb.InboxAggregateCloseGapParams{AggregateType: agg.AggregateType, AggregateID: agg.AggregateID})
 		})
 		if err != nil {
@@ -148,10 +164,10 @@ func (ib *Inbox) resyncOne(ctx context.Context, agg inboxdb.InboxAggregate) ([]E
 		return nil, ib.resyncFailed(ctx, agg, ferr.Error())
 	}
 
-	var done, parked, rejected []Event
+	var done, covered, parked, rejected []Event
 	var stale bool
 	err = ib.inLockedTx(ctx, agg, func(q *inboxdb.Queries, tx pgx.Tx, cur inboxdb.InboxAggregate) error {
-		done, parked, rejected = nil, nil, nil
+		done, covered, parked, rejected = nil, nil, nil, nil
 		if cur.ResyncAfter == nil {
 			return nil // the gap was filled while we were fetching
 		}
@@ -226,15 +242,16 @@ func (ib *Inbox) resyncOne(ctx context.Context, agg inboxdb.InboxAggregate) ([]E
 		}
 
 		var err error
-		done, rejected, err = ib.resolveConflicts(ctx, tx, q, agg, snap.Events, last)
+		covered, rejected, err = ib.resolveConflicts(ctx, tx, q, agg, snap.Events, last)
 		if err != nil {
 			return err
 		}
-		d, p, r, err := ib.judgeHeld(ctx, tx, q, agg, snap, last, asked)
+		c, p, r, err := ib.judgeHeld(ctx, tx, q, agg, snap, last, asked)
 		if err != nil {
 			return err
 		}
-		done, parked, rejected = append(done, d...), append(parked, p...), append(rejected, r...)
+		covered, parked, rejected = append(covered, c...), append(parked, p...), append(rejected, r...)
+		done = append(done, covered...)
 
 		// Restart the clock: whatever is still held waits a fresh window
 		// for the versions between the snapshot and itself.
@@ -269,6 +286,9 @@ func (ib *Inbox) resyncOne(ctx context.Context, agg inboxdb.InboxAggregate) ([]E
 		return nil, nil
 	}
 	ib.metrics.Resyncs.WithLabelValues(ResyncOK).Inc()
+	for _, c := range covered {
+		ib.metrics.Covered.WithLabelValues(c.Type).Inc()
+	}
 	for _, p := range parked {
 		log.Error("inbox resync: held event failed when its turn came; parked for an operator", p.LogAttrs()...)
 	}

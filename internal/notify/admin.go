@@ -68,7 +68,7 @@ func NewAdmin(cfg AdminConfig) *Admin {
 // Admin returns the operator side of the running service: its inbox, and
 // its sender to nudge.
 func (s *Service) Admin() *Admin {
-	return NewAdmin(AdminConfig{Pool: s.pool, Inbox: s.Inbox, Nudge: s.Sender.Nudge, Logger: s.log})
+	return NewAdmin(AdminConfig{Pool: s.pool, Inbox: s.Inbox, Decode: s.decode, Nudge: s.Sender.Nudge, Logger: s.log})
 }
 
 // Errors of the Admin, beside inbox.ErrParkedRecordNotFound,
@@ -104,6 +104,7 @@ var LedgerStates = []string{StatePending, StateSending, StateSent, StateUnknown,
 const (
 	ActionRetryParked  = "parked_record.retry"
 	ActionResolveEmail = "email.resolve"
+	ActionDropHeld     = "held_event.drop"
 )
 
 // AuditEntry is one row of admin_audit.
@@ -136,6 +137,50 @@ func (a *Admin) ParkedRecord(ctx context.Context, id int64) (inbox.ParkedRecord,
 // Conflicts lists the inbox's conflicts, oldest first.
 func (a *Admin) Conflicts(ctx context.Context, limit int) ([]inbox.ConflictRecord, error) {
 	return inbox.Conflicts(ctx, a.pool, limit)
+}
+
+// HeldEvents lists the events still held for an earlier version, oldest
+// first.
+func (a *Admin) HeldEvents(ctx context.Context, limit int) ([]inbox.HeldEvent, error) {
+	return inbox.HeldEvents(ctx, a.pool, limit)
+}
+
+// DropResult is what dropping a held event did, and its audit row.
+type DropResult struct {
+	Event inbox.Event
+	Audit AuditEntry
+}
+
+// DropHeld takes a held or parked event out of its order's sequence for
+// good (an event that can never become due: a forged version the orders
+// API cannot judge, say), in one transaction with the audit row. Its email,
+// if it asked for one, is recorded as skipped (dropped). A missing or
+// already dropped event is inbox.ErrHeldEventNotFound.
+func (a *Admin) DropHeld(ctx context.Context, eventID uuid.UUID, actor, reason string) (DropResult, error) {
+	if err := CheckReason(reason); err != nil {
+		return DropResult{}, err
+	}
+	if a.inbox == nil {
+		return DropResult{}, errors.New("drop held event: this Admin has no inbox")
+	}
+	var out DropResult
+	var observe func()
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		e, obs, err := a.inbox.DropHeld(ctx, tx, eventID, actor, reason)
+		if err != nil {
+			return err
+		}
+		out.Event, observe = e, obs
+		out.Audit, err = audit(ctx, tx, AuditEntry{Actor: actor, Action: ActionDropHeld, Target: "inbox_held_event/" + eventID.String(), Reason: reason},
+			map[string]string{"event_type": e.Type, "aggregate_id": e.AggregateID, "aggregate_version": fmt.Sprint(e.AggregateVersion)})
+		return err
+	})
+	if err != nil {
+		return DropResult{}, fmt.Errorf("drop held event %s: %w", eventID, err)
+	}
+	observe()
+	a.log.InfoContext(ctx, "admin: held event dropped", append(out.Event.LogAttrs(), slog.String("actor", actor), slog.Int64("audit_id", out.Audit.ID))...)
+	return out, nil
 }
 
 // RetryResult is what a retry of a parked record did, and its audit row.

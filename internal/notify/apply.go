@@ -99,8 +99,9 @@ func (p *Projector) Covered(ctx context.Context, tx pgx.Tx, e inbox.Event) error
 }
 
 // Rejected is the inbox's Rejected function: an emailing event that will
-// never be applied (a conflict, or an order the orders service does not
-// know) gets a ledger row in state skipped, with the reason, so every
+// never be applied (a conflict no one could settle, an order the orders
+// service does not know, an event it did not write, or one an operator
+// dropped) gets a ledger row in state skipped, with the reason, so every
 // emailing event the notifier received is accounted for (C4a).
 func (p *Projector) Rejected(ctx context.Context, tx pgx.Tx, e inbox.Event, reason string) error {
 	mail, err := p.mailFor(e)
@@ -115,7 +116,10 @@ func (p *Projector) Rejected(ctx context.Context, tx pgx.Tx, e inbox.Event, reas
 	if mail == nil {
 		return nil
 	}
-	mail.SkipReason = map[string]string{inbox.RejectConflict: SkipConflict, inbox.RejectNotFound: SkipNotFound}[reason]
+	mail.SkipReason = map[string]string{
+		inbox.RejectConflict: SkipConflict, inbox.RejectNotFound: SkipNotFound,
+		inbox.RejectImpostor: SkipImpostor, inbox.RejectDropped: SkipDropped,
+	}[reason]
 	if mail.SkipReason == "" {
 		mail.SkipReason = reason
 	}

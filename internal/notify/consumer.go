@@ -62,6 +62,9 @@ type ConsumerConfig struct {
 	StallAfter time.Duration
 	// ExtraOpts are added to the client (TLS, SASL, test tuning).
 	ExtraOpts []kgo.Opt
+	// Decode turns a record into an event, or refuses it (the record is
+	// then parked). Nil means DecodeRecord.
+	Decode inbox.DecodeFunc
 	// TracerProvider receives the consume and apply spans (L4); nil means
 	// the global provider.
 	TracerProvider trace.TracerProvider
@@ -167,6 +170,9 @@ var errCrashed = errors.New("consumer crashed (simulated)")
 func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, m *Metrics, log *slog.Logger, onApplied func()) *Consumer {
 	if cfg.MaxBatchRecords <= 0 {
 		cfg.MaxBatchRecords = DefaultMaxBatchRecords
+	}
+	if cfg.Decode == nil {
+		cfg.Decode = DecodeRecord
 	}
 	if cfg.MaxPollRecords <= 0 {
 		// At least 100, so that small batches do not mean one offset
@@ -489,7 +495,7 @@ func (c *Consumer) applyBatch(ctx context.Context, recs []*kgo.Record) (items []
 		var ctxs []context.Context
 		var at []int // the index in items (and recs) of each event
 		for i, r := range recs {
-			e, derr := DecodeRecord(r)
+			e, derr := c.cfg.Decode(r)
 			rctx, span := c.startConsume(ctx, r, e)
 			spans = append(spans, span)
 			if parkable(derr) {

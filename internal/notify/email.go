@@ -64,6 +64,8 @@ const (
 	SkipStale    = "stale"     // older than EMAIL_MAX_AGE when it could first be sent
 	SkipConflict = "conflict"  // another event owns the order version
 	SkipNotFound = "not_found" // the orders service does not know the order
+	SkipImpostor = "impostor"  // the orders service did not write this event at its version (C7)
+	SkipDropped  = "dropped"   // an operator dropped the held event
 )
 
 // enqueueEmail writes the intent as one ledger row in the caller's

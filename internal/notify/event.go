@@ -11,6 +11,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	outboxdocs "github.com/outboxref/orders/docs"
 	"github.com/outboxref/orders/internal/inbox"
 )
 
@@ -174,35 +175,95 @@ func printable(s string) bool {
 	return len(s) <= maxFieldBytes && utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0
 }
 
-// DecodeRecord turns a Kafka record of the orders topic into an inbox
-// event. The record format is the outbox's CloudEvents binding, decoded and
-// checked by the inbox; this adds what is specific to orders: the
-// aggregate type, the schema versions this code reads, and a payload that
-// parses. An error wrapping errPoison or inbox.ErrInvalidEvent means the
-// record can never be processed and must be parked.
-func DecodeRecord(r *kgo.Record) (inbox.Event, error) {
+// DefaultSource is the ce_source the orders service writes unless its
+// RELAY_CE_SOURCE says otherwise; the notifier's ORDERS_EVENT_SOURCE
+// defaults to it.
+const DefaultSource = "urn:outboxref:orders"
+
+// Decoder turns Kafka records of the orders topic into inbox events, and
+// admits only what the orders service could have written (C7): its
+// ce_source, an order aggregate, a type and schema version this notifier
+// reads, and a payload that passes the published JSON Schema of its type
+// (docs/schemas, the very files the orders service validates with) and the
+// notifier's own checks. Anything else is refused with an error wrapping
+// errPoison or inbox.ErrInvalidEvent, and the record is parked (C6): it
+// never takes a version, changes the projection or sends an email.
+//
+// The checks are no substitute for the broker's ACLs, which let only the
+// orders service's principal write to the topic (docs/architecture.md):
+// whoever can write there can forge any header. They make sure that a
+// record that is not a well-formed order event never reaches the inbox,
+// and the inbox asks the orders service about any event whose place is in
+// doubt.
+type Decoder struct {
+	source  string
+	schemas *inbox.Schemas
+}
+
+// NewDecoder returns a Decoder for events whose ce_source is source.
+func NewDecoder(source string) (*Decoder, error) {
+	if source == "" {
+		return nil, errors.New("notify: the orders events' source is required")
+	}
+	docs := map[string]map[int][]byte{}
+	for _, t := range EventTypes {
+		b, err := outboxdocs.EventSchema(t, supportedSchemaVersion)
+		if err != nil {
+			return nil, fmt.Errorf("notify: %w", err)
+		}
+		docs[t] = map[int][]byte{supportedSchemaVersion: b}
+	}
+	schemas, err := inbox.NewSchemas(docs)
+	if err != nil {
+		return nil, fmt.Errorf("notify: %w", err)
+	}
+	return &Decoder{source: source, schemas: schemas}, nil
+}
+
+// Decode decodes and checks one record.
+func (d *Decoder) Decode(r *kgo.Record) (inbox.Event, error) {
 	e, err := inbox.DecodeRecord(r)
 	if err != nil {
 		return inbox.Event{}, err
+	}
+	if e.Source != d.source {
+		return e, poison("ce_source %q is not the orders service's %q", e.Source, d.source)
 	}
 	if e.AggregateType != AggregateType {
 		return e, poison("ce_aggregatetype %q is not %q", e.AggregateType, AggregateType)
 	}
 	if !isKnownType(e.Type) {
-		// An event type added after this code was written still takes a
-		// version number in the aggregate's sequence; it passes through the
-		// inbox (so later versions are not stuck behind it) and changes
-		// nothing here.
-		return e, nil
+		// A type this notifier does not know takes no version: it is parked.
+		// The aggregate's later versions are held behind the gap, then
+		// resolved from the orders API once the gap window passes; after an
+		// upgrade that knows the type, the parked record can be retried
+		// (docs/events.md).
+		return e, poison("event type %q is unknown to this notifier; it takes no version (retry it after an upgrade that knows it)", e.Type)
 	}
 	if e.SchemaVersion != supportedSchemaVersion {
 		return e, poison("%s schema version %d is not supported (this notifier reads v%d)", e.Type, e.SchemaVersion, supportedSchemaVersion)
+	}
+	if err := d.schemas.Check(e); err != nil {
+		return e, err
 	}
 	if _, err := parsePayload(e); err != nil {
 		return e, err
 	}
 	return e, nil
 }
+
+// defaultDecoder decodes records of the orders service with its default
+// source.
+var defaultDecoder = func() *Decoder {
+	d, err := NewDecoder(DefaultSource)
+	if err != nil {
+		panic(err) // the schemas are embedded: only a broken build gets here
+	}
+	return d
+}()
+
+// DecodeRecord is Decode with DefaultSource.
+func DecodeRecord(r *kgo.Record) (inbox.Event, error) { return defaultDecoder.Decode(r) }
 
 func isKnownType(t string) bool {
 	for _, k := range EventTypes {

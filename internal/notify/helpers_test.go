@@ -258,7 +258,7 @@ func (o *order) record(t testing.TB, e ev) *kgo.Record {
 		Value: value,
 		Headers: []kgo.RecordHeader{
 			h("ce_specversion", "1.0"), h("ce_id", e.id.String()), h("ce_type", e.typ),
-			h("ce_source", "/orders"), h("ce_subject", o.id.String()),
+			h("ce_source", DefaultSource), h("ce_subject", o.id.String()),
 			h("ce_time", cmp.Or(e.time, time.Now()).UTC().Format(time.RFC3339Nano)), h("content-type", "application/json"),
 			h("ce_aggregatetype", "order"), h("ce_aggregateversion", strconv.FormatInt(e.version, 10)),
 			h("ce_schemaversion", e.schemaVersion),
@@ -289,7 +289,21 @@ func partitionOf(t *testing.T, e *env, o *order) int32 {
 	return p
 }
 
+// produceEvents produces events the orders service wrote (its API then
+// lists them, the first at each version).
 func (e *env) produceEvents(o *order, evs ...ev) {
+	e.t.Helper()
+	var recs []*kgo.Record
+	for _, x := range evs {
+		e.orders.wrote(o.id, x)
+		recs = append(recs, o.record(e.t, x))
+	}
+	e.produce(recs...)
+}
+
+// produceForged produces records in the orders service's format that it
+// never wrote.
+func (e *env) produceForged(o *order, evs ...ev) {
 	e.t.Helper()
 	var recs []*kgo.Record
 	for _, x := range evs {
@@ -372,16 +386,20 @@ func (e *env) committedOffset(partition int32) int64 {
 
 const fakeOrdersToken = "svc-token"
 
-// fakeOrders is the orders API as far as resync needs it.
+// fakeOrders is the orders API as far as resync needs it: an order's
+// snapshot (set by the test) and which event it wrote at each version
+// (every event a test produces with produceEvents, the first at each
+// version; produceForged writes records the orders service never wrote).
 type fakeOrders struct {
-	srv   *httptest.Server
-	mu    sync.Mutex
-	byID  map[uuid.UUID]OrderSnapshot
-	calls int
+	srv    *httptest.Server
+	mu     sync.Mutex
+	byID   map[uuid.UUID]OrderSnapshot
+	events map[uuid.UUID]map[int64]uuid.UUID
+	calls  int
 }
 
 func newFakeOrders(t *testing.T) *fakeOrders {
-	f := &fakeOrders{byID: map[uuid.UUID]OrderSnapshot{}}
+	f := &fakeOrders{byID: map[uuid.UUID]OrderSnapshot{}, events: map[uuid.UUID]map[int64]uuid.UUID{}}
 	f.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -390,7 +408,8 @@ func newFakeOrders(t *testing.T) *fakeOrders {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
-		id, err := uuid.Parse(strings.TrimPrefix(r.URL.Path, "/orders/"))
+		path, history := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, "/orders/"), "/events")
+		id, err := uuid.Parse(path)
 		o, ok := f.byID[id]
 		if err != nil || !ok {
 			w.Header().Set("Content-Type", "application/problem+json")
@@ -399,6 +418,14 @@ func newFakeOrders(t *testing.T) *fakeOrders {
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
+		if history {
+			events := []map[string]any{}
+			for v, eid := range f.events[id] {
+				events = append(events, map[string]any{"version": v, "event_id": eid, "event_type": "order.any"})
+			}
+			_ = json.NewEncoder(w).Encode(map[string]any{"order_id": id, "version": o.Version, "events": events})
+			return
+		}
 		_ = json.NewEncoder(w).Encode(map[string]any{
 			"id": o.ID, "customer": "alice", "email": o.Email, "currency": o.Currency, "items": []any{},
 			"total_cents": o.TotalCents, "status": o.Status, "version": o.Version,
@@ -407,6 +434,19 @@ func newFakeOrders(t *testing.T) *fakeOrders {
 	}))
 	t.Cleanup(f.srv.Close)
 	return f
+}
+
+// wrote records that the orders service wrote e at its version, unless it
+// wrote another event there first.
+func (f *fakeOrders) wrote(orderID uuid.UUID, e ev) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.events[orderID] == nil {
+		f.events[orderID] = map[int64]uuid.UUID{}
+	}
+	if _, taken := f.events[orderID][e.version]; !taken {
+		f.events[orderID][e.version] = e.id
+	}
 }
 
 func (f *fakeOrders) set(o OrderSnapshot) {

@@ -36,6 +36,9 @@ type Config struct {
 	Orders *OrdersClient
 	// GapWindow is how long a gap is held before a resync.
 	GapWindow time.Duration
+	// Source is the ce_source of the orders service's events; records with
+	// another are parked (C7). DefaultSource when empty.
+	Source string
 	// ResyncInterval is how often overdue gaps are looked for.
 	ResyncInterval time.Duration
 	// ProcessedEventTTL is the inbox retention (checked against C5 by the
@@ -67,6 +70,7 @@ type Service struct {
 	Projector *Projector
 	Sender    *Sender
 	Consumer  *Consumer
+	decode    inbox.DecodeFunc
 }
 
 // NewService builds the workers and registers their metrics.
@@ -91,13 +95,23 @@ func NewService(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Source == "" {
+		cfg.Source = DefaultSource
+	}
+	dec, err := NewDecoder(cfg.Source)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Consumer.Decode == nil {
+		cfg.Consumer.Decode = dec.Decode
+	}
 	if cfg.Consumer.TracerProvider == nil {
 		cfg.Consumer.TracerProvider = cfg.TracerProvider
 	}
 	if cfg.Sender.TracerProvider == nil {
 		cfg.Sender.TracerProvider = cfg.TracerProvider
 	}
-	s := &Service{cfg: cfg, pool: pool, log: cfg.Logger, Metrics: m}
+	s := &Service{cfg: cfg, pool: pool, log: cfg.Logger, Metrics: m, decode: cfg.Consumer.Decode}
 	s.Projector = NewProjector(cfg.Logger)
 	ib, err := inbox.New(inbox.Config{
 		Pool:          pool,

@@ -269,7 +269,9 @@ func TestGaps(t *testing.T) {
 		e.produceEvents(o, paid, shipped) // late and repeated copies
 		e.waitLedger(o.id, "order.placed=sent", "order.shipped=sent", "order.paid=sent")
 		require.Equal(t, 1, e.count("SELECT count(*) FROM inbox_aggregate WHERE last_version = 3"), "still at v3")
-		next := o.next(TypeCancelled, map[string]any{"previous_status": "shipped"})
+		// (order.cancelled's schema allows previous_status placed or paid
+		// only, and the notifier checks it.)
+		next := o.next(TypeCancelled, map[string]any{"previous_status": "paid"})
 		e.produceEvents(o, next)
 		e.waitLedger(o.id, "order.placed=sent", "order.shipped=sent", "order.paid=sent", "order.cancelled=sent")
 		require.Equal(t, int64(4), e.projection(o.id).Version)
@@ -305,11 +307,15 @@ func TestConflict(t *testing.T) {
 	o := newOrder()
 	placed := o.next(TypePlaced, nil)
 	rival := o.at(1, TypePlaced, map[string]any{"email": "mallory@example.com"})
+	e.orders.set(OrderSnapshot{ID: o.id, Email: o.email, Currency: "EUR", TotalCents: 2500, Status: "placed", Version: 1})
 	e.produceEvents(o, placed, rival)
 	e.eventually(func() bool { return svc.metric(t, "inbox_conflicts_total", "event_type", TypePlaced) == 1 }, "conflict counted")
 	require.Equal(t, 1, e.count("SELECT count(*) FROM inbox_conflict WHERE event_id = $1 AND existing_event_id = $2", rival.id, placed.id))
+	// The orders API says which of the two it wrote: the rival is an
+	// impostor, its email skipped, never sent (C7).
 	e.waitLedger(o.id, "order.placed=sent", "order.placed=skipped")
-	require.Equal(t, SkipConflict, *e.ledger(o.id)[1].SkipReason)
+	require.Equal(t, SkipImpostor, *e.ledger(o.id)[1].SkipReason)
+	require.Equal(t, 1, e.count("SELECT count(*) FROM inbox_conflict WHERE event_id = $1 AND resolution = 'impostor'", rival.id))
 	require.Equal(t, "alice@example.com", e.projection(o.id).Email)
 	require.Zero(t, e.smtp.Count(MessageID(rival.id)))
 }
@@ -521,10 +527,33 @@ func TestDecodeRecord(t *testing.T) {
 	require.Equal(t, o.id.String(), e.AggregateID)
 	require.Equal(t, int64(1), e.AggregateVersion)
 
-	unknownType := set(good(), "ce_type", "order.gift_wrapped")
-	e, err = DecodeRecord(unknownType)
-	require.NoError(t, err, "an unknown event type passes through to keep the version sequence")
-	require.Equal(t, "order.gift_wrapped", e.Type)
+	// C7: what the orders service could not have written never reaches the
+	// inbox. An unknown type takes no version; a record from another
+	// source, or with a payload its schema refuses, is parked.
+	paid := func(payload string) *kgo.Record {
+		r := o.record(t, o.at(2, TypePaid, nil))
+		r.Value = []byte(payload)
+		return r
+	}
+	validPaid := `{"order_id":"` + o.id.String() + `","email":"a@example.com","currency":"EUR","total_cents":1,"paid_at":"2026-01-02T03:04:05Z"}`
+	_, err = DecodeRecord(paid(validPaid))
+	require.NoError(t, err)
+	for name, r := range map[string]*kgo.Record{
+		"UnknownType":   set(good(), "ce_type", "order.refunded_v9"),
+		"OtherSource":   set(good(), "ce_source", "urn:evil"),
+		"InvalidUTF8":   paid(strings.Replace(validPaid, `"EUR"`, "\"E\xffR\"", 1)),
+		"DuplicateKey":  paid(strings.Replace(validPaid, `"email":"a@example.com"`, `"email":"a@example.com","email":"evil@evil.example"`, 1)),
+		"SchemaRefuses": paid(strings.Replace(validPaid, `"EUR"`, `"eur"`, 1)),
+		"TwoValues":     paid(validPaid + validPaid),
+		"MissingPaidAt": paid(strings.Replace(validPaid, `,"paid_at":"2026-01-02T03:04:05Z"`, "", 1)),
+	} {
+		_, err := DecodeRecord(r)
+		require.True(t, parkable(err), "%s: %v", name, err)
+	}
+	other, err := NewDecoder("urn:other")
+	require.NoError(t, err)
+	_, err = other.Decode(good())
+	require.ErrorContains(t, err, `ce_source "urn:outboxref:orders" is not the orders service's "urn:other"`)
 
 	for name, r := range map[string]*kgo.Record{
 		"BadVersion":      set(good(), "ce_aggregateversion", "x"),

@@ -91,5 +91,69 @@ func (c *OrdersClient) Fetch(ctx context.Context, aggregateType, aggregateID str
 	case o.Status != "placed" && o.Status != "paid" && o.Status != "shipped" && o.Status != "cancelled":
 		return inbox.Snapshot{}, fmt.Errorf("orders API returned order %s with unknown status %q", id, o.Status)
 	}
-	return inbox.Snapshot{AggregateType: AggregateType, AggregateID: aggregateID, Version: o.Version, State: o}, nil
+	// The order first, then its events: every version up to the order's is
+	// in the list, which may also hold versions written in between.
+	events, err := c.events(ctx, id)
+	if err != nil {
+		return inbox.Snapshot{}, err
+	}
+	return inbox.Snapshot{AggregateType: AggregateType, AggregateID: aggregateID, Version: o.Version, State: o, Events: events}, nil
+}
+
+// orderEvents is the body of GET /orders/{id}/events.
+type orderEvents struct {
+	OrderID uuid.UUID `json:"order_id"`
+	Version int64     `json:"version"`
+	Events  []struct {
+		Version int64     `json:"version"`
+		EventID uuid.UUID `json:"event_id"`
+	} `json:"events"`
+}
+
+// events asks the orders API which event_id it wrote at each version of
+// the order (C7).
+func (c *OrdersClient) events(ctx context.Context, id uuid.UUID) (map[int64]uuid.UUID, error) {
+	var body orderEvents
+	if err := c.get(ctx, "/orders/"+url.PathEscape(id.String())+"/events", &body); err != nil {
+		return nil, fmt.Errorf("GET events of order %s: %w", id, err)
+	}
+	if body.OrderID != id {
+		return nil, fmt.Errorf("orders API returned the events of order %s for %s", body.OrderID, id)
+	}
+	out := make(map[int64]uuid.UUID, len(body.Events))
+	for _, e := range body.Events {
+		if e.Version < 1 || e.EventID == uuid.Nil {
+			return nil, fmt.Errorf("orders API returned an event of order %s without a version or id", id)
+		}
+		if _, dup := out[e.Version]; dup {
+			return nil, fmt.Errorf("orders API returned two events at version %d of order %s", e.Version, id)
+		}
+		out[e.Version] = e.EventID
+	}
+	return out, nil
+}
+
+// get reads a JSON document of the orders API into v. Any status but 200
+// is an error; the body of an error is not kept, since it may echo the
+// request.
+func (c *OrdersClient) get(ctx context.Context, path string, v any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.baseURL+path, nil)
+	if err != nil {
+		return fmt.Errorf("build orders API request: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return fmt.Errorf("orders API answered %s", resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(v); err != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	return nil
 }

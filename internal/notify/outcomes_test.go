@@ -25,8 +25,8 @@ import (
 // type the notifier receives ends in exactly one ledger row with a final
 // state, whatever path it took: applied in order, held then filled, held
 // then covered by a resync snapshot, arriving after that snapshot, stale,
-// a conflict, or an order the orders API does not know. No Message-ID is
-// sent twice.
+// an impostor at an owned version, or an order the orders API does not
+// know. No Message-ID is sent twice.
 func TestEveryEmailingEventGetsOneOutcome(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -72,10 +72,12 @@ func TestEveryEmailingEventGetsOneOutcome(t *testing.T) {
 	old.time = time.Now().Add(-48 * time.Hour)
 	produce(stale, old)
 
-	// A conflict: a second event claims a version already owned.
+	// A conflict: a second event claims a version already owned; the
+	// orders API says it never wrote it (C7).
 	conflicted := newOrder()
 	cPlaced := conflicted.next(TypePlaced, nil)
 	rival := conflicted.at(1, TypePlaced, map[string]any{"email": "mallory@example.com"})
+	e.orders.set(OrderSnapshot{ID: conflicted.id, Email: conflicted.email, Currency: "EUR", TotalCents: 2500, Status: "placed", Version: 1})
 	produce(conflicted, cPlaced, rival)
 
 	// The orders API does not know the order: the held event is parked.
@@ -94,7 +96,7 @@ func TestEveryEmailingEventGetsOneOutcome(t *testing.T) {
 		want[x.id] = StateSent
 	}
 	want[old.id] = StateSkipped + "/" + SkipStale
-	want[rival.id] = StateSkipped + "/" + SkipConflict
+	want[rival.id] = StateSkipped + "/" + SkipImpostor
 	want[uShipped.id] = StateSkipped + "/" + SkipNotFound
 
 	var got map[uuid.UUID]string

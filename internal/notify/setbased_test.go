@@ -136,10 +136,12 @@ func TestSetBasedMatchesPerEvent(t *testing.T) {
 	require.Equal(t, perEvent, setBased, "the same outcomes, batch by batch")
 	require.JSONEq(t, perEventState, setBasedState, "the same rows")
 	// And the scenario does what it says.
-	require.Equal(t, []string{"applied", "applied", "applied", "applied", "applied", "applied", "applied", "applied", "applied"}, perEvent[0])
+	// d's unknown type is parked (it takes no version), so d's later
+	// versions wait behind the gap it leaves.
+	require.Equal(t, []string{"applied", "applied", "applied", "applied", "applied", "applied", "", "applied", "applied"}, perEvent[0])
 	require.Contains(t, setBasedState, `"subject":"Update: Payment received for order `, "f's emails say they are late")
 	require.Equal(t, []string{"duplicate", "applied", "duplicate", "held", "duplicate", "conflict", "applied"}, perEvent[1])
-	require.Equal(t, []string{"applied", "applied", "duplicate"}, perEvent[2])
+	require.Equal(t, []string{"held", "held", "duplicate"}, perEvent[2])
 	require.Equal(t, []string{"held", "duplicate", "duplicate", "duplicate"}, perEvent[3])
 }
 

@@ -5,7 +5,9 @@
 //	                                          and held events parked
 //	GET  /admin/parked/{id}                   one parked record, key, value and headers included
 //	POST /admin/parked/{id}/retry             {"reason": "..."}: decode and process it again, now
-//	GET  /admin/conflicts                     events refused because another owns their version
+//	GET  /admin/held                          events waiting for an earlier version of their order
+//	POST /admin/held/{event_id}/drop          {"reason": "..."}: take a held event out of its order's sequence
+//	GET  /admin/conflicts                     events that claimed a version another owns, and the verdict
 //	GET  /admin/emails?state=unknown          send-ledger rows in a state
 //	POST /admin/emails/{operation_key}/resolve {"resolution": "sent|resend|failed", "reason": "..."}
 //
@@ -30,6 +32,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
 
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/inbox"
@@ -98,6 +101,8 @@ func New(cfg Config) http.Handler {
 	r.Get("/admin/parked", a.listParked)
 	r.Get("/admin/parked/{id}", a.getParked)
 	r.Post("/admin/parked/{id}/retry", a.retryParked)
+	r.Get("/admin/held", a.listHeld)
+	r.Post("/admin/held/{event_id}/drop", a.dropHeld)
 	r.Get("/admin/conflicts", a.listConflicts)
 	r.Get("/admin/emails", a.listEmails)
 	r.Post("/admin/emails/{operation_key}/resolve", a.resolveEmail)
@@ -236,6 +241,45 @@ func (a *api) retryParked(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+func (a *api) listHeld(w http.ResponseWriter, r *http.Request) {
+	var fe []problem.FieldError
+	limit := queryLimit(r.URL.Query().Get("limit"), &fe)
+	if invalid(w, fe) {
+		return
+	}
+	hs, err := a.admin.HeldEvents(r.Context(), limit)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	out := HeldList{Events: make([]HeldEvent, 0, len(hs))}
+	for _, h := range hs {
+		out.Events = append(out.Events, HeldEvent{EventID: h.Event.ID, AggregateType: h.Event.AggregateType, AggregateID: h.Event.AggregateID,
+			AggregateVersion: h.Event.AggregateVersion, EventType: h.Event.Type, HeldAt: h.HeldAt})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (a *api) dropHeld(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(chi.URLParam(r, "event_id"))
+	if err != nil {
+		problem.Write(w, problem.Problem{Status: http.StatusNotFound, Detail: "no held event with this id"})
+		return
+	}
+	var in DropRequest
+	if !decode(w, r, &in) || !reasonGiven(w, in.Reason) {
+		return
+	}
+	p, _ := auth.FromContext(r.Context())
+	res, err := a.admin.DropHeld(r.Context(), id, p.Subject, in.Reason)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, DropResult{EventID: res.Event.ID, AggregateID: res.Event.AggregateID,
+		AggregateVersion: res.Event.AggregateVersion, EventType: res.Event.Type, AuditID: res.Audit.ID})
+}
+
 func (a *api) listConflicts(w http.ResponseWriter, r *http.Request) {
 	var fe []problem.FieldError
 	limit := queryLimit(r.URL.Query().Get("limit"), &fe)
@@ -251,7 +295,7 @@ func (a *api) listConflicts(w http.ResponseWriter, r *http.Request) {
 	for _, c := range cs {
 		out.Conflicts = append(out.Conflicts, Conflict{EventID: c.Event.ID, AggregateType: c.Event.AggregateType,
 			AggregateID: c.Event.AggregateID, AggregateVersion: c.Event.AggregateVersion, EventType: c.Event.Type,
-			ExistingEventID: c.ExistingEventID, DetectedAt: c.DetectedAt})
+			ExistingEventID: c.ExistingEventID, DetectedAt: c.DetectedAt, Resolution: c.Resolution, ResolvedAt: c.ResolvedAt})
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -315,6 +359,8 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case errors.Is(err, inbox.ErrParkedRecordNotFound):
 		problem.Write(w, problem.Problem{Status: http.StatusNotFound, Detail: "no parked record with this id"})
+	case errors.Is(err, inbox.ErrHeldEventNotFound):
+		problem.Write(w, problem.Problem{Status: http.StatusNotFound, Detail: "no held or parked event with this id (never held, applied since, or dropped already)"})
 	case errors.Is(err, notify.ErrEmailNotFound):
 		problem.Write(w, problem.Problem{Status: http.StatusNotFound, Detail: "no email with this operation key"})
 	case errors.Is(err, inbox.ErrAlreadyResolved):

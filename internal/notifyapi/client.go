@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/outboxref/orders/internal/problem"
 )
 
@@ -72,6 +74,22 @@ func (c *Client) Conflicts(ctx context.Context, limit int) (ConflictList, error)
 	}
 	var out ConflictList
 	return out, c.do(ctx, http.MethodGet, "/admin/conflicts", v, nil, &out)
+}
+
+// Held lists the events waiting for an earlier version of their order.
+func (c *Client) Held(ctx context.Context, limit int) (HeldList, error) {
+	v := url.Values{}
+	if limit > 0 {
+		v.Set("limit", strconv.Itoa(limit))
+	}
+	var out HeldList
+	return out, c.do(ctx, http.MethodGet, "/admin/held", v, nil, &out)
+}
+
+// DropHeld drops a held or parked event for good, with a reason.
+func (c *Client) DropHeld(ctx context.Context, eventID uuid.UUID, reason string) (DropResult, error) {
+	var out DropResult
+	return out, c.do(ctx, http.MethodPost, "/admin/held/"+url.PathEscape(eventID.String())+"/drop", nil, DropRequest{Reason: reason}, &out)
 }
 
 // Emails lists send-ledger rows in state (unknown when empty).

@@ -46,7 +46,9 @@ type ParkedRecord struct {
 	Headers        []inbox.ParkedHeader `json:"headers,omitempty"`
 }
 
-// ParkedEvent is a held event that was parked.
+// ParkedEvent is a held event that was parked, or rejected: the orders
+// service did not write it at its version, or an operator dropped it
+// (rejected_by). A rejected event holds no version.
 type ParkedEvent struct {
 	EventID          uuid.UUID  `json:"event_id"`
 	AggregateType    string     `json:"aggregate_type"`
@@ -55,8 +57,41 @@ type ParkedEvent struct {
 	EventType        string     `json:"event_type"`
 	SchemaVersion    int        `json:"schema_version"`
 	Reason           string     `json:"reason"`
+	Rejected         bool       `json:"rejected,omitempty"`
+	RejectedBy       string     `json:"rejected_by,omitempty"`
 	HeldAt           time.Time  `json:"held_at"`
 	ParkedAt         *time.Time `json:"parked_at,omitempty"`
+}
+
+// HeldList is the body of GET /admin/held: events waiting for an earlier
+// version of their order.
+type HeldList struct {
+	Events []HeldEvent `json:"events"`
+}
+
+// HeldEvent is an event waiting for an earlier version.
+type HeldEvent struct {
+	EventID          uuid.UUID `json:"event_id"`
+	AggregateType    string    `json:"aggregate_type"`
+	AggregateID      string    `json:"aggregate_id"`
+	AggregateVersion int64     `json:"aggregate_version"`
+	EventType        string    `json:"event_type"`
+	HeldAt           time.Time `json:"held_at"`
+}
+
+// DropRequest is the body of POST /admin/held/{event_id}/drop.
+type DropRequest struct {
+	Reason string `json:"reason"`
+}
+
+// DropResult is the answer to a drop: the event, now rejected, and the
+// audit row.
+type DropResult struct {
+	EventID          uuid.UUID `json:"event_id"`
+	AggregateID      string    `json:"aggregate_id"`
+	AggregateVersion int64     `json:"aggregate_version"`
+	EventType        string    `json:"event_type"`
+	AuditID          int64     `json:"audit_id"`
 }
 
 // ConflictList is the body of GET /admin/conflicts.
@@ -73,6 +108,10 @@ type Conflict struct {
 	EventType        string    `json:"event_type"`
 	ExistingEventID  uuid.UUID `json:"existing_event_id"`
 	DetectedAt       time.Time `json:"detected_at"`
+	// Resolution is the orders service's verdict on the newcomer: genuine
+	// (its email went out), impostor, unverified, or empty while pending.
+	Resolution string     `json:"resolution,omitempty"`
+	ResolvedAt *time.Time `json:"resolved_at,omitempty"`
 }
 
 // EmailList is the body of GET /admin/emails.
@@ -159,7 +198,7 @@ func textOrBase64(b []byte) (*string, []byte) {
 func parkedEvent(e inbox.ParkedEvent) ParkedEvent {
 	return ParkedEvent{EventID: e.Event.ID, AggregateType: e.Event.AggregateType, AggregateID: e.Event.AggregateID,
 		AggregateVersion: e.Event.AggregateVersion, EventType: e.Event.Type, SchemaVersion: e.Event.SchemaVersion,
-		Reason: e.Reason, HeldAt: e.HeldAt, ParkedAt: e.ParkedAt}
+		Reason: e.Reason, Rejected: e.Rejected, RejectedBy: e.RejectedBy, HeldAt: e.HeldAt, ParkedAt: e.ParkedAt}
 }
 
 func email(e notify.LedgerEmail) Email {

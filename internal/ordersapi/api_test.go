@@ -494,3 +494,59 @@ func TestList(t *testing.T) {
 		require.Equal(t, []any{}, r.json(t)["items"])
 	})
 }
+
+// TestOrderEvents: GET /orders/{id}/events names the event the outbox
+// wrote at each version, still in the outbox or archived by the cleanup,
+// to the callers that may read the order (C7).
+func TestOrderEvents(t *testing.T) {
+	t.Parallel()
+	c := setup(t)
+	o := c.create("dev-alice")
+	path := "/orders/" + o.ID.String()
+	require.Equal(t, http.StatusOK, c.do("POST", path+"/pay", "dev-alice", nil, "If-Match", `"1"`).Status)
+	// The cleanup moved v1 to the archive: its identity is still the answer.
+	_, err := c.pool.Exec(context.Background(), `
+		WITH moved AS (DELETE FROM outbox WHERE aggregate_id = $1 AND aggregate_version = 1 RETURNING *)
+		INSERT INTO outbox_archive (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, created_at)
+		SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, created_at FROM moved`, o.ID.String())
+	require.NoError(t, err)
+
+	want := map[int64]string{}
+	rows, err := c.pool.Query(context.Background(), `SELECT aggregate_version, event_id::text FROM outbox WHERE aggregate_id = $1
+		UNION ALL SELECT aggregate_version, event_id::text FROM outbox_archive WHERE aggregate_id = $1`, o.ID.String())
+	require.NoError(t, err)
+	for rows.Next() {
+		var v int64
+		var id string
+		require.NoError(t, rows.Scan(&v, &id))
+		want[v] = id
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, want, 2)
+
+	for _, token := range []string{"dev-notifier", "dev-alice", "dev-ops"} {
+		r := c.do("GET", path+"/events", token, nil)
+		require.Equal(t, http.StatusOK, r.Status, "%s: %s", token, r.Body)
+		var body struct {
+			OrderID string `json:"order_id"`
+			Version int64  `json:"version"`
+			Events  []struct {
+				Version   int64  `json:"version"`
+				EventID   string `json:"event_id"`
+				EventType string `json:"event_type"`
+			} `json:"events"`
+		}
+		require.NoError(t, json.Unmarshal(r.Body, &body))
+		require.Equal(t, o.ID.String(), body.OrderID)
+		require.Equal(t, int64(2), body.Version)
+		got := map[int64]string{}
+		for _, e := range body.Events {
+			got[e.Version] = e.EventID
+		}
+		require.Equal(t, want, got)
+		require.Equal(t, "order.placed", body.Events[0].EventType)
+	}
+	require.Equal(t, http.StatusNotFound, c.do("GET", path+"/events", "dev-bob", nil).Status, "not Bob's order")
+	require.Equal(t, http.StatusUnauthorized, c.do("GET", path+"/events", "", nil).Status)
+	require.Equal(t, http.StatusNotFound, c.do("GET", "/orders/00000000-0000-0000-0000-000000000001/events", "dev-notifier", nil).Status)
+}
