@@ -15,9 +15,10 @@
 // a path segment, a query value or a JSON string answers 400 naming the
 // field, and a path with "." or ".." segments 404. A write needs a reason
 // (400 without one, or with one longer than adminguard.MaxReasonChars
-// characters) and is audited with the token's subject as the actor, in the transaction of the change (see notify.Admin). Without a
-// token the answer is 401, with a token of another role 403: the health,
-// readiness and metrics endpoints stay open, but nothing under /admin does.
+// characters) and is audited with the token's subject as the actor, in the
+// transaction of the change (see notify.Admin). Without a token the answer
+// is 401, with a token of another role 403: the health, readiness and
+// metrics endpoints stay open, but nothing under /admin does.
 package notifyapi
 
 import (

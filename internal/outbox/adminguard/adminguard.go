@@ -296,8 +296,12 @@ func checkQuery(raw string) error {
 			fe.Message = "parameter names " + fe.Message
 			return fe
 		}
+		field := k
+		if field == "" {
+			field = "query" // "?=x": a value without a name
+		}
 		for _, v := range vs {
-			if fe := checkText(k, v); fe != nil {
+			if fe := checkText(field, v); fe != nil {
 				return fe
 			}
 		}
