@@ -39,7 +39,9 @@ func TestAdminHTTPRefusesHostileInput(t *testing.T) {
 		outbox.ReplayPolicy{}, ops)
 	require.NoError(t, err)
 	h := admin.Handler(outbox.AdminHandlerConfig{Actor: func(*http.Request) string { return "ops2" }, Log: testLogger(),
-		Target: func(context.Context) (outbox.ReplayTarget, error) { return outbox.ReplayTarget{}, fmt.Errorf("no replays in this test") }})
+		Target: func(context.Context) (outbox.ReplayTarget, error) {
+			return outbox.ReplayTarget{}, fmt.Errorf("no replays in this test")
+		}})
 
 	stored := func() string {
 		var s string
