@@ -46,7 +46,7 @@ import (
 // Problem types, one per failure a client may handle differently.
 const (
 	TypeMalformed       = "urn:outboxref:problem:malformed-request"
-	TypeValidation      = "urn:outboxref:problem:validation"
+	TypeValidation      = adminguard.TypeValidation
 	TypeAlreadyResolved = "urn:outboxref:problem:already-resolved"
 	TypeNotResolvable   = "urn:outboxref:problem:not-resolvable"
 	TypeUnavailable     = "urn:outboxref:problem:unavailable"
