@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxref/orders/internal/envconfig"
 	"github.com/outboxref/orders/internal/notifyapi"
+	"github.com/outboxref/orders/internal/outbox/adminguard"
 )
 
 const adminUsage = `usage: notifier admin <command> [--json]
@@ -147,6 +148,10 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 	reason := func(usage string) (string, error) {
 		if a.reason == nil || strings.TrimSpace(*a.reason) == "" {
 			return "", fmt.Errorf("admin %s: --reason is required (it goes to the audit trail): usage: notifier admin %s", cmd, usage)
+		}
+		// The server's rule, checked before sending, in the server's words.
+		if err := adminguard.CheckReason(*a.reason); err != nil {
+			return "", fmt.Errorf("admin %s: --reason: %w", cmd, err)
 		}
 		return *a.reason, nil
 	}
@@ -286,7 +291,7 @@ func printParked(w io.Writer, list notifyapi.ParkedList) {
 			resolution = p.Resolution
 		}
 		fmt.Fprintf(tw, "%d\t%s/%d@%d\t%s\t%s\t%s\t%d\t%s\n", p.ID, p.Topic, p.Partition, p.Offset, eventID, when(p.ParkedAt),
-			resolution, p.Retries, p.Reason)
+			resolution, p.Retries, safe(p.Reason))
 	}
 	_ = tw.Flush()
 	if list.NextAfter != 0 {
@@ -299,8 +304,8 @@ func printParked(w io.Writer, list notifyapi.ParkedList) {
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "EVENT_ID\tAGGREGATE\tVERSION\tEVENT_TYPE\tHELD_AT\tREASON")
 	for _, e := range list.Events {
-		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\n", e.EventID, e.AggregateType, e.AggregateID, e.AggregateVersion, e.EventType,
-			when(e.HeldAt), e.Reason)
+		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\n", e.EventID, safe(e.AggregateType), safe(e.AggregateID), e.AggregateVersion,
+			safe(e.EventType), when(e.HeldAt), safe(e.Reason))
 	}
 	_ = tw.Flush()
 }
@@ -314,10 +319,10 @@ func printParkedRecord(w io.Writer, p notifyapi.ParkedRecord) {
 		row("event_id:", p.EventID.String())
 	}
 	row("parked_at:", when(p.ParkedAt))
-	row("reason:", p.Reason)
+	row("reason:", safe(p.Reason))
 	if p.Resolution != "" {
 		row("resolution:", fmt.Sprintf("%s (outcome %s) by %s at %s: %s", p.Resolution, orDash(p.RetryOutcome), p.ResolvedBy,
-			when(*p.ResolvedAt), p.ResolutionNote))
+			when(*p.ResolvedAt), safe(p.ResolutionNote)))
 	}
 	row("retries:", strconv.Itoa(p.Retries))
 	row("key:", textOrBase64(p.Key, p.KeyBase64))
@@ -325,7 +330,7 @@ func printParkedRecord(w io.Writer, p notifyapi.ParkedRecord) {
 	fmt.Fprintln(w, "headers:")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, h := range p.Headers {
-		k := h.Key
+		k := safe(h.Key)
 		if h.KeyBase64 != nil {
 			k = "base64:" + base64.StdEncoding.EncodeToString(h.KeyBase64)
 		}
@@ -340,11 +345,16 @@ func printParkedRecord(w io.Writer, p notifyapi.ParkedRecord) {
 	fmt.Fprintln(w, textOrBase64(p.Value, p.ValueBase64))
 }
 
+// safe prints text from the server (a parked record's key, value and
+// reason come from whoever wrote to the topic) as one inert line: a
+// control character is escaped, never sent to the terminal.
+func safe(s string) string { return adminguard.Printable(s) }
+
 // textOrBase64 prints a key or value the way the API sent it: text, or
 // base64 marked as such.
 func textOrBase64(text *string, b64 []byte) string {
 	if text != nil {
-		return *text
+		return safe(*text)
 	}
 	return "base64:" + base64.StdEncoding.EncodeToString(b64)
 }
@@ -360,8 +370,8 @@ func printConflicts(w io.Writer, list notifyapi.ConflictList) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "EVENT_ID\tAGGREGATE\tVERSION\tEVENT_TYPE\tEXISTING_EVENT_ID\tDETECTED_AT")
 	for _, c := range list.Conflicts {
-		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\n", c.EventID, c.AggregateType, c.AggregateID, c.AggregateVersion, c.EventType,
-			c.ExistingEventID, when(c.DetectedAt))
+		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\n", c.EventID, safe(c.AggregateType), safe(c.AggregateID), c.AggregateVersion,
+			safe(c.EventType), c.ExistingEventID, when(c.DetectedAt))
 	}
 	_ = tw.Flush()
 }
@@ -369,7 +379,7 @@ func printConflicts(w io.Writer, list notifyapi.ConflictList) {
 func printRetry(w io.Writer, r notifyapi.RetryResult) {
 	switch r.Resolution {
 	case "still_failing":
-		fmt.Fprintf(w, "retry: parked record %d still fails and stays parked (audit %d): %s\n", r.ParkedRecord.ID, r.AuditID, r.Error)
+		fmt.Fprintf(w, "retry: parked record %d still fails and stays parked (audit %d): %s\n", r.ParkedRecord.ID, r.AuditID, safe(r.Error))
 	default:
 		fmt.Fprintf(w, "retry: parked record %d %s, inbox outcome %s (audit %d)\n", r.ParkedRecord.ID, r.Resolution, r.Outcome, r.AuditID)
 	}
@@ -386,7 +396,7 @@ func printEmails(w io.Writer, emails []notifyapi.Email) {
 			reason = e.SkipReason
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.OperationKey, e.EventID, e.EventType, e.OrderID, e.State, e.Attempts,
-			when(e.CreatedAt), reason)
+			when(e.CreatedAt), safe(reason))
 	}
 	_ = tw.Flush()
 }
