@@ -68,10 +68,12 @@ bench-smoke: ## Run every benchmark for one iteration and the benchmark tool at 
 	go run ./cmd/bench -tiny all
 
 # Every decoder of outside input, with the package that holds its fuzz
-# target: HTTP bodies, Kafka records (the wire format, the inbox's
-# decode-or-park contract, the notifier's order events).
+# target: HTTP bodies, the admin APIs' input rule (path, query, body),
+# Kafka records (the wire format, the inbox's decode-or-park contract, the
+# notifier's order events).
 FUZZ_TARGETS := \
 	./internal/ordersapi:FuzzCreateOrder \
+	./internal/outbox/adminguard:FuzzAdminInput \
 	./internal/outbox/cloudevents:FuzzDecode \
 	./internal/inbox:FuzzRecord \
 	./internal/notify:FuzzDecodeRecord

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxref/orders/internal/envconfig"
 	"github.com/outboxref/orders/internal/notifyapi"
+	"github.com/outboxref/orders/internal/outbox/adminguard"
 )
 
 const adminUsage = `usage: notifier admin <command> [--json]
@@ -152,6 +153,10 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 		if a.reason == nil || strings.TrimSpace(*a.reason) == "" {
 			return "", fmt.Errorf("admin %s: --reason is required (it goes to the audit trail): usage: notifier admin %s", cmd, usage)
 		}
+		// The server's rule, checked before sending, in the server's words.
+		if err := adminguard.CheckReason(*a.reason); err != nil {
+			return "", fmt.Errorf("admin %s: --reason: %w", cmd, err)
+		}
 		return *a.reason, nil
 	}
 	switch {
@@ -199,7 +204,7 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 			return fmt.Errorf("admin held drop %s: %w", id, err)
 		}
 		return output(stdout, a.json, res, func(w io.Writer) {
-			fmt.Fprintf(w, "held drop: %s (%s v%d of %s) dropped (audit %d)\n", res.EventID, res.EventType, res.AggregateVersion, res.AggregateID, res.AuditID)
+			fmt.Fprintf(w, "held drop: %s (%s v%d of %s) dropped (audit %d)\n", res.EventID, safe(res.EventType), res.AggregateVersion, safe(res.AggregateID), res.AuditID)
 		})
 
 	case cmd == "held":
@@ -214,7 +219,7 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "EVENT_ID\tAGGREGATE\tVERSION\tEVENT_TYPE\tHELD_AT")
 			for _, e := range list.Events {
-				fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\n", e.EventID, e.AggregateType, e.AggregateID, e.AggregateVersion, e.EventType, when(e.HeldAt))
+				fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\n", e.EventID, safe(e.AggregateType), safe(e.AggregateID), e.AggregateVersion, safe(e.EventType), when(e.HeldAt))
 			}
 			_ = tw.Flush()
 		})
@@ -329,7 +334,7 @@ func printParked(w io.Writer, list notifyapi.ParkedList) {
 			resolution = p.Resolution
 		}
 		fmt.Fprintf(tw, "%d\t%s/%d@%d\t%s\t%s\t%s\t%d\t%s\n", p.ID, p.Topic, p.Partition, p.Offset, eventID, when(p.ParkedAt),
-			resolution, p.Retries, p.Reason)
+			resolution, p.Retries, safe(p.Reason))
 	}
 	_ = tw.Flush()
 	if list.NextAfter != 0 {
@@ -346,8 +351,8 @@ func printParked(w io.Writer, list notifyapi.ParkedList) {
 		if e.Rejected {
 			state = "rejected"
 		}
-		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\t%s\n", e.EventID, e.AggregateType, e.AggregateID, e.AggregateVersion, e.EventType,
-			when(e.HeldAt), state, e.Reason)
+		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\t%s\n", e.EventID, safe(e.AggregateType), safe(e.AggregateID), e.AggregateVersion,
+			safe(e.EventType), when(e.HeldAt), state, safe(e.Reason))
 	}
 	_ = tw.Flush()
 }
@@ -361,10 +366,10 @@ func printParkedRecord(w io.Writer, p notifyapi.ParkedRecord) {
 		row("event_id:", p.EventID.String())
 	}
 	row("parked_at:", when(p.ParkedAt))
-	row("reason:", p.Reason)
+	row("reason:", safe(p.Reason))
 	if p.Resolution != "" {
 		row("resolution:", fmt.Sprintf("%s (outcome %s) by %s at %s: %s", p.Resolution, orDash(p.RetryOutcome), p.ResolvedBy,
-			when(*p.ResolvedAt), p.ResolutionNote))
+			when(*p.ResolvedAt), safe(p.ResolutionNote)))
 	}
 	row("retries:", strconv.Itoa(p.Retries))
 	row("key:", textOrBase64(p.Key, p.KeyBase64))
@@ -372,7 +377,7 @@ func printParkedRecord(w io.Writer, p notifyapi.ParkedRecord) {
 	fmt.Fprintln(w, "headers:")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for _, h := range p.Headers {
-		k := h.Key
+		k := safe(h.Key)
 		if h.KeyBase64 != nil {
 			k = "base64:" + base64.StdEncoding.EncodeToString(h.KeyBase64)
 		}
@@ -387,11 +392,16 @@ func printParkedRecord(w io.Writer, p notifyapi.ParkedRecord) {
 	fmt.Fprintln(w, textOrBase64(p.Value, p.ValueBase64))
 }
 
+// safe prints text from the server (a parked record's key, value and
+// reason come from whoever wrote to the topic) as one inert line: a
+// control character is escaped, never sent to the terminal.
+func safe(s string) string { return adminguard.Printable(s) }
+
 // textOrBase64 prints a key or value the way the API sent it: text, or
 // base64 marked as such.
 func textOrBase64(text *string, b64 []byte) string {
 	if text != nil {
-		return *text
+		return safe(*text)
 	}
 	return "base64:" + base64.StdEncoding.EncodeToString(b64)
 }
@@ -411,8 +421,8 @@ func printConflicts(w io.Writer, list notifyapi.ConflictList) {
 		if verdict == "" {
 			verdict = "pending"
 		}
-		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\t%s\n", c.EventID, c.AggregateType, c.AggregateID, c.AggregateVersion, c.EventType,
-			c.ExistingEventID, when(c.DetectedAt), verdict)
+		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s\t%s\n", c.EventID, safe(c.AggregateType), safe(c.AggregateID), c.AggregateVersion,
+			safe(c.EventType), c.ExistingEventID, when(c.DetectedAt), safe(verdict))
 	}
 	_ = tw.Flush()
 }
@@ -420,7 +430,7 @@ func printConflicts(w io.Writer, list notifyapi.ConflictList) {
 func printRetry(w io.Writer, r notifyapi.RetryResult) {
 	switch r.Resolution {
 	case "still_failing":
-		fmt.Fprintf(w, "retry: parked record %d still fails and stays parked (audit %d): %s\n", r.ParkedRecord.ID, r.AuditID, r.Error)
+		fmt.Fprintf(w, "retry: parked record %d still fails and stays parked (audit %d): %s\n", r.ParkedRecord.ID, r.AuditID, safe(r.Error))
 	default:
 		fmt.Fprintf(w, "retry: parked record %d %s, inbox outcome %s (audit %d)\n", r.ParkedRecord.ID, r.Resolution, r.Outcome, r.AuditID)
 	}
@@ -437,7 +447,7 @@ func printEmails(w io.Writer, emails []notifyapi.Email) {
 			reason = e.SkipReason
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", e.OperationKey, e.EventID, e.EventType, e.OrderID, e.State, e.Attempts,
-			when(e.CreatedAt), reason)
+			when(e.CreatedAt), safe(reason))
 	}
 	_ = tw.Flush()
 }

@@ -4,9 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -232,4 +236,39 @@ func setHeader(r *kgo.Record, key, value string) {
 			r.Headers[i].Value = []byte(value)
 		}
 	}
+}
+
+// TestAdminCLIChecksReasonAndPrintsSafely: a --reason the server would
+// refuse (a control character, over 1024 characters) fails before
+// anything is sent, in the server's words; text from the server (a parked
+// record's reason and key come from whoever wrote to the topic) prints
+// with its control characters escaped, so it cannot rewrite the terminal.
+func TestAdminCLIChecksReasonAndPrintsSafely(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { calls.Add(1) }))
+	t.Cleanup(srv.Close)
+	env := envFrom(map[string]string{"ADMIN_API_URL": srv.URL, "ADMIN_API_TOKEN": "adm"})
+	for reason, want := range map[string]string{
+		"x\napproved by ops2":     "--reason: reason must not contain control characters (found U+000A)",
+		"\x1b[2Kfine":             "(found U+001B)",
+		strings.Repeat("a", 1025): "--reason: reason must be at most 1024 characters (it has 1025)",
+	} {
+		err := run(context.Background(), []string{"admin", "retry", "7", "--reason", reason}, env, io.Discard)
+		require.ErrorContains(t, err, want)
+		err = run(context.Background(), []string{"admin", "resolve-email", "k", "sent", "--reason", reason}, env, io.Discard)
+		require.ErrorContains(t, err, want)
+	}
+	require.Zero(t, calls.Load(), "nothing was sent")
+
+	var out bytes.Buffer
+	key := "k\x1b]0;owned\x07"
+	printParked(&out, notifyapi.ParkedList{Records: []notifyapi.ParkedRecord{{ID: 1, Topic: "orders.events", Reason: "bad\r\x1b[2Kfine"}},
+		Events: []notifyapi.ParkedEvent{{AggregateID: "a\nb", EventType: "order.placed", Reason: "held\u202eevil"}}})
+	printParkedRecord(&out, notifyapi.ParkedRecord{ID: 1, Reason: "x\napproved by ops2", Key: &key, Value: &key})
+	printEmails(&out, []notifyapi.Email{{OperationKey: "k", LastError: "550\r\x1b[1Aok"}})
+	require.NotRegexp(t, "[\x00-\x08\x0b-\x1f\x7f\u202e]", out.String(), "no control character reaches the terminal")
+	require.Contains(t, out.String(), `bad\r\x1b[2Kfine`)
+	require.Contains(t, out.String(), `x\napproved by ops2`)
+	require.Contains(t, out.String(), `held\u202eevil`)
 }

@@ -24,6 +24,28 @@ func TestServeAdminAPI(t *testing.T) {
 			require.Equal(t, want, getWith(t, s.base+path, token), "%s with token %q", path, token)
 		}
 	}
+	// A path a router would clean never leaves /admin by a redirect: it
+	// answers 404, with or without a token.
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, path := range []string{"/admin/../metrics", "/admin/%2e%2e/healthz", "/admin/parked/../conflicts", "/admin//parked", "/admin/parked/."} {
+		for _, token := range []string{"", "adm-s3cret"} {
+			req, err := http.NewRequest(http.MethodGet, s.base+path, nil)
+			require.NoError(t, err)
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+			res, err := noRedirect.Do(req)
+			require.NoError(t, err)
+			res.Body.Close()
+			require.Empty(t, res.Header.Get("Location"), "%s with token %q", path, token)
+			want := http.StatusNotFound
+			if token == "" {
+				want = http.StatusUnauthorized
+			}
+			require.Equal(t, want, res.StatusCode, "%s with token %q", path, token)
+		}
+	}
+
 	s.stop(t)
 	require.Contains(t, s.out.String(), "AUTH_TOKENS=[3 tokens: alice:customer notifier:service ops:admin]")
 	require.NotContains(t, s.out.String(), "s3cret")

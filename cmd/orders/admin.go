@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/outboxref/orders/internal/envconfig"
+	"github.com/outboxref/orders/internal/outbox/adminguard"
 )
 
 const adminUsage = `usage: orders admin <command> [flags]   (ADMIN_API_URL, ADMIN_API_TOKEN; --json for raw output)
@@ -113,6 +114,13 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
+	// The server's rule, checked before sending, in the server's words:
+	// a reason with a control character or over the limit is refused.
+	if r, ok := a.flags["reason"]; ok {
+		if err := adminguard.CheckReason(r); err != nil {
+			return fmt.Errorf("--reason: %w", err)
+		}
+	}
 	c := &adminClient{cfg: cfg, http: &http.Client{Timeout: 30 * time.Second}, json: a.flags["json"] == "true", out: stdout}
 	switch args[0] {
 	case "stats":
@@ -176,7 +184,7 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 			Resumed []string `json:"resumed"`
 		}
 		return c.do(ctx, "POST", "/admin/events/resume", body, &res, func() {
-			fmt.Fprintf(c.out, "resumed %d events: %s\n", len(res.Resumed), strings.Join(res.Resumed, " "))
+			fmt.Fprintf(c.out, "resumed %d events: %s\n", len(res.Resumed), adminguard.Printable(strings.Join(res.Resumed, " ")))
 		})
 	case "replay":
 		return c.replay(ctx, a)
@@ -221,7 +229,7 @@ func (c *adminClient) publishMode(ctx context.Context, a cliArgs) error {
 		var res map[string]any
 		body := map[string]any{"mode": a.pos[1], "reason": a.flags["reason"]}
 		return c.do(ctx, "PUT", "/admin/publish-modes/"+url.PathEscape(a.pos[0]), body, &res, func() {
-			fmt.Fprintf(c.out, "%s: publish mode %v -> %v\n", a.pos[0], res["from"], res["to"])
+			fmt.Fprintf(c.out, "%s: publish mode %s -> %s\n", adminguard.Printable(a.pos[0]), cell(res["from"]), cell(res["to"]))
 		})
 	default:
 		return errors.New("usage: orders admin publish-mode [TYPE direct|shadow|outbox --reason R]")
@@ -274,7 +282,7 @@ func (c *adminClient) replay(ctx context.Context, a cliArgs) error {
 		}
 		c.print(plan, func() { c.showPlan(plan) })
 		if plan["status"] != "done" {
-			return fmt.Errorf("replay %s ended %v: %v", rest[0], plan["status"], plan["run_error"])
+			return fmt.Errorf("replay %s ended %s: %s", rest[0], cell(plan["status"]), cell(plan["run_error"]))
 		}
 		return nil
 	default:
@@ -340,7 +348,7 @@ func (c *adminClient) call(ctx context.Context, method, path string, body, into 
 			Detail string `json:"detail"`
 		}
 		_ = json.Unmarshal(b, &p)
-		return fmt.Errorf("%s %s: %s: %s", method, path, res.Status, p.Detail)
+		return fmt.Errorf("%s %s: %s: %s", method, path, res.Status, adminguard.Printable(p.Detail))
 	}
 	if err := json.Unmarshal(b, into); err != nil {
 		return fmt.Errorf("%s %s: decode the answer: %w", method, path, err)
@@ -368,7 +376,10 @@ func cell(v any) string {
 	case float64:
 		return fmt.Sprintf("%.0f", x)
 	case string:
-		return strings.ReplaceAll(x, "\n", " ")
+		// Text from the server (an audit reason, a last error) prints as
+		// one inert line: "\r" or ESC[2K would rewrite what the operator
+		// reads, "\n" would forge a line of its own.
+		return adminguard.Printable(x)
 	default:
 		b, _ := json.Marshal(x)
 		return string(b)
@@ -407,12 +418,12 @@ func (c *adminClient) show(d map[string]any) {
 }
 
 func (c *adminClient) showPlan(p map[string]any) {
-	fmt.Fprintf(c.out, "plan %s: %v (planned by %v: %v)\n", cell(p["id"]), p["status"], p["created_by"], p["reason"])
+	fmt.Fprintf(c.out, "plan %s: %s (planned by %s: %s)\n", cell(p["id"]), cell(p["status"]), cell(p["created_by"]), cell(p["reason"]))
 	if p["needs_approval"] == true && p["approved_by"] == nil {
 		fmt.Fprintln(c.out, "needs the approval of a second admin: orders admin replay approve", cell(p["id"]), "--reason R")
 	}
 	if by, ok := p["approved_by"].(string); ok {
-		fmt.Fprintf(c.out, "approved by %s\n", by)
+		fmt.Fprintf(c.out, "approved by %s\n", cell(by))
 	}
 	fmt.Fprintf(c.out, "events to publish: %v (published: %v)\n", cell(p["events"]), cell(p["published"]))
 	if counts, ok := p["counts"].(map[string]any); ok {
@@ -422,7 +433,7 @@ func (c *adminClient) showPlan(p map[string]any) {
 		}
 		sort.Strings(types)
 		for _, t := range types {
-			fmt.Fprintf(c.out, "  %-28s %s\n", t, cell(counts[t]))
+			fmt.Fprintf(c.out, "  %-28s %s\n", cell(t), cell(counts[t]))
 		}
 	}
 	consumers, _ := p["consumers"].([]any)
@@ -431,24 +442,24 @@ func (c *adminClient) showPlan(p map[string]any) {
 	}
 	for _, x := range consumers {
 		cons, _ := x.(map[string]any)
-		fmt.Fprintf(c.out, "consumer %v: sees %s events", cons["name"], cell(cons["events"]))
+		fmt.Fprintf(c.out, "consumer %s: sees %s events", cell(cons["name"]), cell(cons["events"]))
 		if ret, ok := cons["inbox_retention"].(float64); ok {
 			fmt.Fprintf(c.out, ", inbox retention %s", time.Duration(ret))
 		}
 		fmt.Fprintln(c.out)
 		if se, ok := cons["side_effects"].(map[string]any); ok {
 			for t, e := range se {
-				fmt.Fprintf(c.out, "  side effect of %s: %v (absorbed while its inbox remembers the event)\n", t, e)
+				fmt.Fprintf(c.out, "  side effect of %s: %s (absorbed while its inbox remembers the event)\n", cell(t), cell(e))
 			}
 		}
 		tooOld, _ := cons["too_old"].([]any)
 		for _, id := range tooOld {
-			fmt.Fprintf(c.out, "  WARNING: event %v is older than %v's inbox retention: it may be applied again, side effects included\n", id, cons["name"])
+			fmt.Fprintf(c.out, "  WARNING: event %s is older than %s's inbox retention: it may be applied again, side effects included\n", cell(id), cell(cons["name"]))
 		}
 	}
 	skipped, _ := p["skipped"].([]any)
 	for _, x := range skipped {
 		s, _ := x.(map[string]any)
-		fmt.Fprintf(c.out, "skipped %v: %v\n", s["event_id"], s["reason"])
+		fmt.Fprintf(c.out, "skipped %s: %s\n", cell(s["event_id"]), cell(s["reason"]))
 	}
 }

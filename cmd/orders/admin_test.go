@@ -29,45 +29,13 @@ import (
 // approves it; the run republishes the original event. Customers get 403.
 func TestAdminCLI(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Orders()...)
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, "orders.events"))
-	require.NoError(t, err)
-	t.Cleanup(cluster.Close)
-	addr := freeAddr(t)
-	env := map[string]string{
-		"DATABASE_URL":          db.URL,
-		"HTTP_ADDR":             addr,
-		"AUTH_TOKENS":           "ops-token=ops:admin,ops2-token=ops2:admin,alice-token=alice:customer",
-		"KAFKA_BROKERS":         cluster.ListenAddrs()[0],
-		"RELAY_POLL_INTERVAL":   "100ms",
-		"REPLAY_CONSUMERS_FILE": filepath.Join("..", "..", "deploy", "consumers.yaml"),
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, []string{"serve"}, func(k string) string { return env[k] }, io.Discard) }()
-	base := "http://" + addr
-	require.Eventually(t, func() bool {
-		res, err := http.Get(base + "/readyz")
-		if err != nil {
-			return false
-		}
-		res.Body.Close()
-		return res.StatusCode == http.StatusOK
-	}, 20*time.Second, 50*time.Millisecond)
-
-	admin := func(token string, args ...string) (string, error) {
-		var out bytes.Buffer
-		err := run(ctx, append([]string{"admin"}, args...), func(k string) string {
-			return map[string]string{"ADMIN_API_URL": base, "ADMIN_API_TOKEN": token}[k]
-		}, &out)
-		return out.String(), err
-	}
+	db, base, admin := startAdminServe(t)
+	ctx := context.Background()
 
 	// An event written by code newer than this relay: schema version 2.
 	id := uuid.New()
 	order := uuid.New()
-	_, err = db.Pool.Exec(ctx, `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
+	_, err := db.Pool.Exec(ctx, `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
 		VALUES ($1, 'order', $2, 1, 'order.placed', 2, '{"order_id": "x"}')`, id, order.String())
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
@@ -169,11 +137,135 @@ func TestAdminCLI(t *testing.T) {
 	require.NoError(t, err, out)
 	require.Contains(t, out, "shadow -> outbox")
 
-	cancel()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not stop")
+}
+
+// startAdminServe runs `orders serve` over a fresh database and a kfake
+// cluster, with two admin tokens (ops, ops2) and a customer's (alice), and
+// returns the database, the base URL and a runner of `orders admin` with
+// a token. The server stops, cleanly, when the test ends.
+func startAdminServe(t *testing.T) (*pgtest.DB, string, func(token string, args ...string) (string, error)) {
+	t.Helper()
+	db := pgtest.New(t, migrations.Orders()...)
+	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, "orders.events"))
+	require.NoError(t, err)
+	t.Cleanup(cluster.Close)
+	addr := freeAddr(t)
+	env := map[string]string{
+		"DATABASE_URL":          db.URL,
+		"HTTP_ADDR":             addr,
+		"AUTH_TOKENS":           "ops-token=ops:admin,ops2-token=ops2:admin,alice-token=alice:customer",
+		"KAFKA_BROKERS":         cluster.ListenAddrs()[0],
+		"RELAY_POLL_INTERVAL":   "100ms",
+		"REPLAY_CONSUMERS_FILE": filepath.Join("..", "..", "deploy", "consumers.yaml"),
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, []string{"serve"}, func(k string) string { return env[k] }, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(20 * time.Second):
+			t.Error("serve did not stop")
+		}
+	})
+	base := "http://" + addr
+	require.Eventually(t, func() bool {
+		res, err := http.Get(base + "/readyz")
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return res.StatusCode == http.StatusOK
+	}, 20*time.Second, 50*time.Millisecond)
+
+	admin := func(token string, args ...string) (string, error) {
+		var out bytes.Buffer
+		err := run(ctx, append([]string{"admin"}, args...), func(k string) string {
+			return map[string]string{"ADMIN_API_URL": base, "ADMIN_API_TOKEN": token}[k]
+		}, &out)
+		return out.String(), err
+	}
+	return db, base, admin
+}
+
+// TestAdminHostileInput: through the whole service (routing under /admin,
+// the outbox's operations API, the CLI), a path with ".." answers 404 and
+// is never redirected out of /admin; a NUL in a query value is a 400
+// naming the field; `orders admin` refuses a --reason with a control
+// character or over 1024 characters before sending anything, in the
+// server's words; and text already in the database (an audit reason or a
+// plan's reason written around the API) prints with its control
+// characters escaped, so it cannot rewrite a line or forge an approval.
+func TestAdminHostileInput(t *testing.T) {
+	t.Parallel()
+	db, base, admin := startAdminServe(t)
+	ctx := context.Background()
+	audits := func() int {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM outbox_audit").Scan(&n))
+		return n
+	}
+
+	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(path string) (*http.Response, string) {
+		req, err := http.NewRequest(http.MethodGet, base+path, nil)
+		require.NoError(t, err)
+		req.Header.Set("Authorization", "Bearer ops-token")
+		res, err := noRedirect.Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		b, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return res, string(b)
+	}
+	for _, path := range []string{"/admin/events/../stats", "/admin/events/%2e%2e/stats", "/admin//stats", "/admin", "/admin/../orders"} {
+		res, body := get(path)
+		require.Equal(t, http.StatusNotFound, res.StatusCode, "%s: %s", path, body)
+		require.Empty(t, res.Header.Get("Location"), "%s is not redirected", path)
+	}
+	res, body := get("/admin/events/parked?type=%00")
+	require.Equal(t, http.StatusBadRequest, res.StatusCode, body)
+	require.Equal(t, "application/problem+json", res.Header.Get("Content-Type"))
+	require.Contains(t, body, `"field":"type"`)
+
+	id := uuid.New()
+	_, err := db.Pool.Exec(ctx, `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, state)
+		VALUES ($1, 'order', 'o-1', 1, 'order.placed', 1, '{}', 'parked')`, id)
+	require.NoError(t, err)
+	for reason, want := range map[string]string{
+		"x\napproved by ops2":     "--reason: reason must not contain control characters (found U+000A)",
+		"ok\r\x1b[2Krewritten":    "(found U+000D)",
+		strings.Repeat("a", 1025): "--reason: reason must be at most 1024 characters (it has 1025)",
+		"fine\u202e":              "(found U+202E)",
+		"\x00":                    "(found U+0000)",
+		strings.Repeat("é", 1000) + strings.Repeat("a", 30): "(it has 1030)",
+	} {
+		for _, args := range [][]string{
+			{"resume", id.String()}, {"repair", id.String(), "--schema-version", "1"}, {"replay", "plan", "--ids", id.String()},
+			{"publish-mode", "order.placed", "shadow"},
+		} {
+			_, err := admin("ops-token", append(args, "--reason", reason)...)
+			require.ErrorContains(t, err, want, "%v", args)
+		}
+	}
+	require.Zero(t, audits(), "nothing was sent, nothing stored")
+
+	// Text written around the API prints as one inert line.
+	_, err = db.Pool.Exec(ctx, `INSERT INTO outbox_audit (actor, action, target, reason) VALUES ('ops', 'repair', $1, $2)`,
+		id.String(), "ok\r\x1b[2Kall fine")
+	require.NoError(t, err)
+	plan := uuid.New()
+	_, err = db.Pool.Exec(ctx, `INSERT INTO outbox_replay_plan (id, created_by, reason, selector, needs_approval)
+		VALUES ($1, 'ops', $2, '{"ids": []}', true)`, plan, "x\napproved by ops2")
+	require.NoError(t, err)
+	out, err := admin("ops-token", "show", id.String())
+	require.NoError(t, err, out)
+	require.Contains(t, out, `ok\r\x1b[2Kall fine`)
+	out2, err := admin("ops-token", "replay", "show", plan.String())
+	require.NoError(t, err, out2)
+	require.Contains(t, out2, `x\napproved by ops2`)
+	require.NotRegexp(t, `(?m)^approved by`, out2, "no forged approval line")
+	require.NotRegexp(t, "[\x00-\x08\x0b-\x1f\x7f]", out+out2, "no control character reaches the terminal")
 }

@@ -8,8 +8,6 @@ import (
 	"log/slog"
 	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify/notifydb"
+	"github.com/outboxref/orders/internal/outbox/adminguard"
 )
 
 // Admin is the notifier's side for operators (O4): what the inbox parked
@@ -75,7 +74,7 @@ func (s *Service) Admin() *Admin {
 // inbox.ErrAlreadyResolved and ErrNotResolvable.
 var (
 	// ErrInvalidReason: a decision needs a reason, one line of printable
-	// text of at most MaxReasonBytes.
+	// text of at most MaxReasonChars characters.
 	ErrInvalidReason = errors.New("a reason is required: one line of printable text")
 	// ErrInvalidResolution: an email resolution is sent, resend or failed.
 	ErrInvalidResolution = errors.New("resolution: want sent, resend or failed")
@@ -85,13 +84,15 @@ var (
 	ErrEmailNotFound = errors.New("no such email")
 )
 
-// MaxReasonBytes bounds the reason of a decision (admin_audit.reason).
-const MaxReasonBytes = 1024
+// MaxReasonChars bounds the reason of a decision (admin_audit.reason), in
+// characters: the same limit as the outbox's audit, from the rule both
+// admin APIs share.
+const MaxReasonChars = adminguard.MaxReasonChars
 
-// CheckReason returns ErrInvalidReason unless reason is a usable reason.
+// CheckReason returns ErrInvalidReason unless reason is a usable reason:
+// not blank, and text by adminguard.CheckReason.
 func CheckReason(reason string) error {
-	if strings.TrimSpace(reason) == "" || len(reason) > MaxReasonBytes || !utf8.ValidString(reason) ||
-		strings.IndexFunc(reason, unicode.IsControl) >= 0 {
+	if strings.TrimSpace(reason) == "" || adminguard.CheckReason(reason) != nil {
 		return ErrInvalidReason
 	}
 	return nil

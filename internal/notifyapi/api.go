@@ -11,11 +11,16 @@
 //	GET  /admin/emails?state=unknown          send-ledger rows in a state
 //	POST /admin/emails/{operation_key}/resolve {"resolution": "sent|resend|failed", "reason": "..."}
 //
-// Every answer is JSON; every error an RFC 9457 problem. A write needs a
-// reason (400 without one) and is audited with the token's subject as the
-// actor, in the transaction of the change (see notify.Admin). Without a
-// token the answer is 401, with a token of another role 403: the health,
-// readiness and metrics endpoints stay open, but nothing under /admin does.
+// Every answer is JSON; every error an RFC 9457 problem. Input is checked
+// before a handler runs, by the rule the outbox's operations share
+// (adminguard): a NUL, bytes that are not UTF-8 or a control character in
+// a path segment, a query value or a JSON string answers 400 naming the
+// field, and a path with "." or ".." segments 404. A write needs a reason
+// (400 without one, or with one longer than adminguard.MaxReasonChars
+// characters) and is audited with the token's subject as the actor, in the
+// transaction of the change (see notify.Admin). Without a token the answer
+// is 401, with a token of another role 403: the health, readiness and
+// metrics endpoints stay open, but nothing under /admin does.
 package notifyapi
 
 import (
@@ -37,13 +42,14 @@ import (
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify"
+	"github.com/outboxref/orders/internal/outbox/adminguard"
 	"github.com/outboxref/orders/internal/problem"
 )
 
 // Problem types, one per failure a client may handle differently.
 const (
 	TypeMalformed       = "urn:outboxref:problem:malformed-request"
-	TypeValidation      = "urn:outboxref:problem:validation"
+	TypeValidation      = adminguard.TypeValidation
 	TypeAlreadyResolved = "urn:outboxref:problem:already-resolved"
 	TypeNotResolvable   = "urn:outboxref:problem:not-resolvable"
 	TypeUnavailable     = "urn:outboxref:problem:unavailable"
@@ -98,16 +104,23 @@ func New(cfg Config) http.Handler {
 	r.MethodNotAllowed(func(w http.ResponseWriter, _ *http.Request) {
 		problem.Write(w, problem.Problem{Status: http.StatusMethodNotAllowed})
 	})
-	r.Get("/admin/parked", a.listParked)
-	r.Get("/admin/parked/{id}", a.getParked)
-	r.Post("/admin/parked/{id}/retry", a.retryParked)
-	r.Get("/admin/held", a.listHeld)
-	r.Post("/admin/held/{event_id}/drop", a.dropHeld)
-	r.Get("/admin/conflicts", a.listConflicts)
-	r.Get("/admin/emails", a.listEmails)
-	r.Post("/admin/emails/{operation_key}/resolve", a.resolveEmail)
+	r.Group(func(r chi.Router) {
+		// In a group, the guard runs once the route is matched, so it can
+		// name a bad path segment after its parameter ("operation_key").
+		r.Use(adminguard.Middleware(adminguard.Config{MaxBodyBytes: maxBodyBytes, Pattern: routePattern}))
+		r.Get("/admin/parked", a.listParked)
+		r.Get("/admin/parked/{id}", a.getParked)
+		r.Post("/admin/parked/{id}/retry", a.retryParked)
+		r.Get("/admin/held", a.listHeld)
+		r.Post("/admin/held/{event_id}/drop", a.dropHeld)
+		r.Get("/admin/conflicts", a.listConflicts)
+		r.Get("/admin/emails", a.listEmails)
+		r.Post("/admin/emails/{operation_key}/resolve", a.resolveEmail)
+	})
 	return r
 }
+
+func routePattern(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() }
 
 // requireAdmin lets only the admin role through (S1).
 func requireAdmin(next http.Handler) http.Handler {
@@ -383,7 +396,7 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 var reasonError = problem.FieldError{Field: "reason",
-	Message: fmt.Sprintf("is required: say why, in one line of at most %d bytes (it goes to the audit trail)", notify.MaxReasonBytes)}
+	Message: fmt.Sprintf("is required: say why, in one line of at most %d characters (it goes to the audit trail)", notify.MaxReasonChars)}
 
 func reasonGiven(w http.ResponseWriter, reason string) bool {
 	if notify.CheckReason(reason) != nil {

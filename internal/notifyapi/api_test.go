@@ -27,6 +27,7 @@ import (
 	"github.com/outboxref/orders/internal/notify"
 	"github.com/outboxref/orders/internal/notify/notifydb"
 	"github.com/outboxref/orders/internal/notifyapi"
+	"github.com/outboxref/orders/internal/outbox/adminguard"
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
 	"github.com/outboxref/orders/internal/pgtest"
 	"github.com/outboxref/orders/internal/problem"
@@ -531,3 +532,69 @@ func header(r *kgo.Record, key string) []byte {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestRefusesHostileInput: NUL, bytes that are not UTF-8 and control
+// characters in a path id, a query value, a body field or key answer 400
+// with a problem naming the field (the same rule and words as the
+// outbox's operations API, adminguard), never 500, and nothing is stored.
+// The reason's limit is 1024 characters, as in the orders service: a
+// longer one is refused naming the limit, one of 1024 "é" (2048 bytes) is
+// taken.
+func TestRefusesHostileInput(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	ctx := context.Background()
+	unknown := w.email(t, notify.StateUnknown)
+	parked := strconv.FormatInt(w.park(t, orderRecord(9), "unknown schema version"), 10)
+	stored := func() string {
+		var s string
+		require.NoError(t, w.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM admin_audit)::text || '/' ||
+			(SELECT state FROM email_send WHERE operation_key = $1) || '/' ||
+			(SELECT count(*) FROM inbox_parked_record WHERE resolution IS NULL)::text`, unknown).Scan(&s))
+		return s
+	}
+	before := stored()
+	resolve := "/admin/emails/" + unknown + "/resolve"
+	long := strings.Repeat("a", adminguard.MaxReasonChars+1)
+
+	for name, tc := range map[string]struct{ method, path, body, field, detail string }{
+		"OperationKeyNUL":     {"POST", "/admin/emails/%00/resolve", `{"resolution":"sent","reason":"x"}`, "operation_key", "U+0000"},
+		"OperationKeyBadUTF8": {"POST", "/admin/emails/%ff%fe/resolve", `{"resolution":"sent","reason":"x"}`, "operation_key", "valid UTF-8"},
+		"ParkedIDNUL":         {"GET", "/admin/parked/%00", "", "id", "U+0000"},
+		"StateNUL":            {"GET", "/admin/emails?state=%00", "", "state", "U+0000"},
+		"AfterBadUTF8":        {"GET", "/admin/parked?after=%ff", "", "after", "valid UTF-8"},
+		"ReasonCR":            {"POST", resolve, `{"resolution":"sent","reason":"ok\rrewritten"}`, "reason", "U+000D"},
+		"ReasonESC":           {"POST", "/admin/parked/" + parked + "/retry", `{"reason":"\u001b[2Kfixed"}`, "reason", "U+001B"},
+		"ReasonForgedLine":    {"POST", resolve, `{"resolution":"sent","reason":"x\napproved by ops2"}`, "reason", "U+000A"},
+		"ReasonBadUTF8":       {"POST", resolve, "{\"resolution\":\"sent\",\"reason\":\"\xff\"}", "reason", "valid UTF-8"},
+		"ReasonTooLong":       {"POST", resolve, `{"resolution":"sent","reason":"` + long + `"}`, "reason", "must be at most 1024 characters (it has 1025)"},
+		"ResolutionNUL":       {"POST", resolve, `{"resolution":"sent\u0000","reason":"x"}`, "resolution", "U+0000"},
+		"KeyNUL":              {"POST", resolve, `{"resolution":"sent","reason":"x","\u0000":1}`, `["\x00"]`, "U+0000"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			res, body := send(t, tc.method, w.srv.URL+tc.path, "adm", tc.body)
+			require.Equal(t, http.StatusBadRequest, res.StatusCode, body)
+			require.Equal(t, problem.MediaType, res.Header.Get("Content-Type"))
+			var p struct {
+				Type, Detail, Field string
+				Errors              []problem.FieldError
+			}
+			require.NoError(t, json.Unmarshal([]byte(body), &p))
+			require.Equal(t, notifyapi.TypeValidation, p.Type)
+			require.Equal(t, tc.field, p.Field)
+			require.Equal(t, []problem.FieldError{{Field: tc.field, Message: strings.TrimPrefix(p.Detail, tc.field+" ")}}, p.Errors)
+			require.Contains(t, p.Detail, tc.field+" ")
+			require.Contains(t, p.Detail, tc.detail)
+		})
+	}
+	require.Equal(t, before, stored(), "nothing was stored")
+
+	for _, path := range []string{"/admin/parked/..", "/admin/parked/%2e%2e", "/admin/emails/" + unknown + "/../../parked"} {
+		res, body := send(t, "GET", w.srv.URL+path, "adm", "")
+		require.Equal(t, http.StatusNotFound, res.StatusCode, "%s: %s", path, body)
+	}
+
+	res, err := w.admin.ResolveEmail(ctx, unknown, "sent", strings.Repeat("é", adminguard.MaxReasonChars))
+	require.NoError(t, err, "1024 characters fit, whatever their bytes")
+	require.Equal(t, "sent", res.Email.State)
+}

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/outboxref/orders/internal/outbox/adminguard"
 )
 
 // AdminHandlerConfig wires the operations' HTTP API into a service.
@@ -50,6 +52,13 @@ type AdminHandlerConfig struct {
 //	GET  /shadow-report            ?type=&since= (RFC 3339 or a duration; 24h by default)
 //
 // Every write requires a reason and is audited with the caller.
+//
+// Input is checked before any handler runs (adminguard): a path, query
+// value or JSON string with a NUL, bytes that are not UTF-8 or a control
+// character answers 400 naming the field, a reason longer than
+// adminguard.MaxReasonChars too, and a path with "." or ".." segments 404
+// instead of a redirect out of the prefix. Inside "payload" only NUL and
+// bad UTF-8 are refused: a repaired payload may hold "\n" in its text.
 func (a *Admin) Handler(cfg AdminHandlerConfig) http.Handler {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
@@ -71,7 +80,11 @@ func (a *Admin) Handler(cfg AdminHandlerConfig) http.Handler {
 	mux.HandleFunc("GET /publish-modes", h.publishModes)
 	mux.HandleFunc("PUT /publish-modes/{type}", h.setPublishMode)
 	mux.HandleFunc("GET /shadow-report", h.shadowReport)
-	return mux
+	return adminguard.Middleware(adminguard.Config{
+		MaxBodyBytes: maxAdminBody,
+		Payload:      []string{"payload"},
+		Pattern:      func(r *http.Request) string { _, p := mux.Handler(r); return p },
+	})(mux)
 }
 
 type adminHandler struct {
