@@ -28,8 +28,9 @@ type LineInput struct {
 var currencyRE = regexp.MustCompile(`^[A-Z]{3}$`)
 
 // plainAddress reports whether s is one bare email address, such as
-// alice@example.com: net/mail parses it as exactly one address, with no
-// display name, equal to s, and it holds no line break. The notifier puts
+// alice@example.com: net/mail parses it as exactly one address whose
+// address part is all of s (so no display name, comment or angle
+// brackets), and it holds no line break. The notifier puts
 // it in a To header as it is, so anything else (a name, a list, a CR or
 // LF) could add recipients or headers to the email.
 func plainAddress(s string) bool {
@@ -37,7 +38,7 @@ func plainAddress(s string) bool {
 		return false
 	}
 	addr, err := mail.ParseAddress(s)
-	return err == nil && addr.Name == "" && addr.Address == s
+	return err == nil && addr.Address == s
 }
 
 // Validate checks every field and returns a *ValidationError naming each
