@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -61,10 +62,33 @@ func (w *replayWorld) ids(evs ...outbox.Event) []uuid.UUID {
 
 func (w *replayWorld) published(t *testing.T, plan uuid.UUID) int {
 	t.Helper()
-	var n int
-	require.NoError(t, w.db.Pool.QueryRow(context.Background(),
-		"SELECT count(*) FROM outbox_replay_item WHERE plan_id = $1 AND state = 'published'", plan).Scan(&n))
+	n, err := w.countPublished(plan)
+	require.NoError(t, err)
 	return n
+}
+
+// countPublished is published for goroutines other than the test's,
+// which must not call t.FailNow.
+func (w *replayWorld) countPublished(plan uuid.UUID) (int, error) {
+	var n int
+	err := w.db.Pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM outbox_replay_item WHERE plan_id = $1 AND state = 'published'", plan).Scan(&n)
+	return n, err
+}
+
+// whenPublished calls f, in the background, once n events of plan are
+// published (or the test's database is gone).
+func (w *replayWorld) whenPublished(plan uuid.UUID, n int, f func()) {
+	go func() {
+		for {
+			got, err := w.countPublished(plan)
+			if err != nil || got >= n {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		f()
+	}()
 }
 
 func (w *replayWorld) exec(t *testing.T, sql string, args ...any) {
@@ -81,14 +105,9 @@ func (w *replayWorld) interruptAfter(t *testing.T, plan uuid.UUID, n int, policy
 	t.Helper()
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	go func() {
-		for w.published(t, plan) < n {
-			time.Sleep(5 * time.Millisecond)
-		}
-		stop()
-	}()
+	w.whenPublished(plan, n, stop)
 	slow := w.target
-	slow.Rate = 50
+	slow.Rate = 20
 	ended, err := w.admin.RunReplay(ctx, plan, slow, policy, ops)
 	require.ErrorIs(t, err, context.Canceled)
 	require.Equal(t, "interrupted", ended.Status, "a stop leaves the plan resumable: %s", ended.RunError)
@@ -189,19 +208,24 @@ func TestReplayLostPlan(t *testing.T) {
 	plan, err := w.admin.PlanReplay(ctx, outbox.ReplaySelector{IDs: w.ids()}, policy, ops)
 	require.NoError(t, err)
 	takenAt := make(chan int, 1)
-	go func() {
-		for w.published(t, plan.ID) < 3 {
-			time.Sleep(5 * time.Millisecond)
-		}
-		// The takeover, and how many events were recorded when it
-		// committed, in one statement.
-		var n int
-		_ = w.db.Pool.QueryRow(ctx, `UPDATE outbox_replay_plan SET run_owner = 'successor' WHERE id = $1
-			RETURNING (SELECT count(*) FROM outbox_replay_item WHERE plan_id = $1 AND state = 'published')`, plan.ID).Scan(&n)
+	w.whenPublished(plan.ID, 3, func() {
+		// The takeover as startRun does it, the plan row locked first,
+		// and how many events were recorded when it committed: while the
+		// lock is held, no record of the old runner can commit.
+		n := -1
+		_ = pgx.BeginFunc(ctx, w.db.Pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SELECT 1 FROM outbox_replay_plan WHERE id = $1 FOR UPDATE", plan.ID); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, "UPDATE outbox_replay_plan SET run_owner = 'successor' WHERE id = $1", plan.ID); err != nil {
+				return err
+			}
+			return tx.QueryRow(ctx, "SELECT count(*) FROM outbox_replay_item WHERE plan_id = $1 AND state = 'published'", plan.ID).Scan(&n)
+		})
 		takenAt <- n
-	}()
+	})
 	slow := w.target
-	slow.Rate = 40
+	slow.Rate = 20
 	_, err = w.admin.RunReplay(ctx, plan.ID, slow, policy, ops)
 	require.ErrorContains(t, err, "another runner took the plan over")
 	p, err := w.admin.ReplayPlan(ctx, plan.ID, policy)
