@@ -14,8 +14,9 @@ import (
 // TestReplayKilledMidRun: `orders serve` is killed with SIGKILL while it
 // runs a replay (O5). The dead runner leaves the plan running on a lease
 // nobody renews; the restarted orders takes it over once the lease has
-// passed (RELAY_LEASE, 3s here) and publishes the rest, from the first
-// event not recorded as published, to done. The notifier absorbs every
+// passed (RELAY_LEASE, 3s here) and continues from the first event not
+// recorded as published. Stopped with SIGTERM in turn, it leaves the plan
+// interrupted, and a third orders finishes it. The notifier absorbs every
 // copy as a duplicate: no email is sent twice.
 func TestReplayKilledMidRun(t *testing.T) {
 	t.Parallel()
@@ -66,13 +67,24 @@ func TestReplayKilledMidRun(t *testing.T) {
 	}
 	restarted := start(t, "orders", env, "serve")
 	waitReady(t, restarted, "http://"+c.ordersAddr+"/readyz")
+	require.Eventually(t, func() bool { return published() >= atKill+2 }, 30*time.Second, 20*time.Millisecond,
+		"the restarted orders continues the plan")
+
+	// A clean stop (a deploy's SIGTERM) in the middle: the plan is left
+	// interrupted, not failed, and the next orders finishes it.
+	restarted.stop(t)
+	atStop := published()
+	require.Less(t, atStop, 8, "stopped in the middle of the run")
+	require.Equal(t, "interrupted", planStatus())
+	again := start(t, "orders", env, "serve")
+	waitReady(t, again, "http://"+c.ordersAddr+"/readyz")
 	require.Eventually(t, func() bool { return planStatus() == "done" }, 30*time.Second, 100*time.Millisecond,
-		"the restarted orders continues the plan to done")
+		"the next orders continues the plan to done")
 	require.Equal(t, 8, published(), "every event of the plan is published")
-	var continuedBy string
-	require.NoError(t, c.odb.Pool.QueryRow(ctx,
-		"SELECT actor FROM outbox_audit WHERE target = $1 AND action = 'replay_continue'", planID).Scan(&continuedBy))
-	require.Equal(t, "system:replay-resumer", continuedBy)
+	var continuedBy []string
+	require.NoError(t, c.odb.Pool.QueryRow(ctx, "SELECT array_agg(actor) FROM outbox_audit WHERE target = $1 AND action = 'replay_continue'",
+		planID).Scan(&continuedBy))
+	require.Equal(t, []string{"system:replay-resumer", "system:replay-resumer"}, continuedBy, "after the kill and after the stop")
 
 	// Every replayed copy reaches the notifier as a duplicate (the one in
 	// flight at the kill may have been sent twice): no email is sent again.
@@ -84,5 +96,5 @@ func TestReplayKilledMidRun(t *testing.T) {
 		require.Equal(t, 1, c.smtp.Count(m.MessageID), "Message-ID %s sent once", m.MessageID)
 	}
 	require.Len(t, c.smtp.Received(), 7, "no email for a replayed event")
-	t.Logf("killed after %d of 8 events; the restarted orders published the rest", atKill)
+	t.Logf("killed after %d of 8 events, stopped after %d; the third orders published the rest", atKill, atStop)
 }
