@@ -1103,7 +1103,7 @@ func (q *Queries) ReplayPlansToContinue(ctx context.Context, rowLimit int32) ([]
 const replaySoloEvents = `-- name: ReplaySoloEvents :one
 SELECT count(*)::bigint
 FROM outbox_replay_item i JOIN outbox_replay_plan p ON p.id = i.plan_id
-WHERE i.state <> 'skipped_archived' AND NOT p.needs_approval AND p.id <> $1
+WHERE i.state <> 'skipped_archived' AND NOT p.needs_approval AND p.approved_by IS NULL AND p.id <> $1
   AND ((p.created_by = $2 AND p.created_at >= clock_timestamp() - make_interval(secs => $3::float8))
     OR (p.run_by = $2 AND p.run_started_at >= clock_timestamp() - make_interval(secs => $3::float8)))
 `
@@ -1115,9 +1115,9 @@ type ReplaySoloEventsParams struct {
 }
 
 // The events of plans that one admin planned or started within the window
-// and that need no second admin: what that admin replays alone. Plans that
-// need an approval do not count, approved or not: a second admin shares
-// them. The window is on the database's clock.
+// without a second admin: what that admin replays alone. Plans that need
+// an approval, or got one, do not count: a second admin shares them. The
+// window is on the database's clock.
 func (q *Queries) ReplaySoloEvents(ctx context.Context, arg ReplaySoloEventsParams) (int64, error) {
 	row := q.db.QueryRow(ctx, replaySoloEvents, arg.PlanID, arg.Admin, arg.WindowSeconds)
 	var column_1 int64

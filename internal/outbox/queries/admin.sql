@@ -139,12 +139,12 @@ SELECT pg_advisory_xact_lock(hashtextextended('outbox_replay_solo:' || @admin::t
 
 -- name: ReplaySoloEvents :one
 -- The events of plans that one admin planned or started within the window
--- and that need no second admin: what that admin replays alone. Plans that
--- need an approval do not count, approved or not: a second admin shares
--- them. The window is on the database's clock.
+-- without a second admin: what that admin replays alone. Plans that need
+-- an approval, or got one, do not count: a second admin shares them. The
+-- window is on the database's clock.
 SELECT count(*)::bigint
 FROM outbox_replay_item i JOIN outbox_replay_plan p ON p.id = i.plan_id
-WHERE i.state <> 'skipped_archived' AND NOT p.needs_approval AND p.id <> @plan_id
+WHERE i.state <> 'skipped_archived' AND NOT p.needs_approval AND p.approved_by IS NULL AND p.id <> @plan_id
   AND ((p.created_by = @admin AND p.created_at >= clock_timestamp() - make_interval(secs => @window_seconds::float8))
     OR (p.run_by = @admin AND p.run_started_at >= clock_timestamp() - make_interval(secs => @window_seconds::float8)));
 
