@@ -33,6 +33,7 @@ const adminUsage = `usage: orders admin <command> [flags]   (ADMIN_API_URL, ADMI
   replay show PLAN_ID                        a plan and its progress
   replay approve PLAN_ID --reason R          a second admin's approval
   replay run PLAN_ID --reason R [--wait]     publish the plan's events again, same event_id
+                                             (or continue an interrupted run)
   publish-mode                               every event type's publish mode
   publish-mode TYPE direct|shadow|outbox --reason R
                                              switch which path sends TYPE's events (migration
@@ -270,7 +271,8 @@ func (c *adminClient) replay(ctx context.Context, a cliArgs) error {
 		if err != nil || sub != "run" || a.flags["wait"] != "true" {
 			return err
 		}
-		for plan["status"] == "running" || plan["status"] == "approved" || plan["status"] == "planned" {
+		// An interrupted plan is continued by the next orders process.
+		for plan["status"] == "running" || plan["status"] == "approved" || plan["status"] == "planned" || plan["status"] == "interrupted" {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -423,7 +425,10 @@ func (c *adminClient) showPlan(p map[string]any) {
 		fmt.Fprintln(c.out, "needs the approval of a second admin: orders admin replay approve", cell(p["id"]), "--reason R")
 	}
 	if by, ok := p["approved_by"].(string); ok {
-		fmt.Fprintf(c.out, "approved by %s\n", cell(by))
+		fmt.Fprintf(c.out, "approved by %s (valid until %v)\n", cell(by), cell(p["approval_expires_at"]))
+	}
+	if owner, ok := p["run_owner"].(string); ok {
+		fmt.Fprintf(c.out, "run by %s (lease until %v)\n", cell(owner), cell(p["run_lease_expires_at"]))
 	}
 	fmt.Fprintf(c.out, "events to publish: %v (published: %v)\n", cell(p["events"]), cell(p["published"]))
 	if counts, ok := p["counts"].(map[string]any); ok {

@@ -56,7 +56,26 @@ func TestAdminCLI(t *testing.T) {
 	_, err = admin("ops-token", "repair", id.String(), "--schema-version", "1")
 	require.ErrorContains(t, err, "400", "a reason is required")
 	_, err = admin("ops-token", "repair", id.String(), "--schema-version", "1", "--reason", "new code rolled back")
-	require.ErrorContains(t, err, "422", "the v2 payload fails the v1 schema: nothing written")
+	require.ErrorContains(t, err, "400", "the v2 payload fails the v1 schema: nothing written")
+	require.ErrorContains(t, err, "repair refused")
+	// The order events' own check (orders.CheckRepair): the payload must
+	// be this order's, its address one plain address.
+	for name, tc := range map[string]struct{ orderID, email, want string }{
+		"another order": {uuid.NewString(), "alice@example.com", "payload order_id must be the event's own order, " + order.String()},
+		"CR/LF":         {order.String(), "alice@example.com\r\nBcc: eve@example.com", "payload email must be one plain address"},
+		"display name":  {order.String(), "Alice <alice@example.com>", "payload email must be one plain address"},
+	} {
+		bad := filepath.Join(t.TempDir(), "bad.json")
+		require.NoError(t, os.WriteFile(bad, fmt.Appendf(nil, `{"order_id": %q, "customer": "alice", "email": %q,
+			"currency": "EUR", "items": [{"sku": "BOOK-1", "quantity": 1, "unit_price_cents": 100}], "total_cents": 100,
+			"placed_at": "2026-01-01T00:00:00Z"}`, tc.orderID, tc.email), 0o600))
+		_, err = admin("ops-token", "repair", id.String(), "--payload", bad, "--schema-version", "1", "--reason", "fix")
+		require.ErrorContains(t, err, "400", name)
+		require.ErrorContains(t, err, tc.want, name)
+	}
+	var audited int
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM outbox_audit WHERE target = $1", id.String()).Scan(&audited))
+	require.Zero(t, audited, "a refused repair writes and audits nothing")
 	out, err = admin("ops-token", "repair", id.String(), "--payload", payload, "--schema-version", "1", "--reason", "new code rolled back")
 	require.NoError(t, err, out)
 	out, err = admin("ops2-token", "resume", id.String(), "--reason", "repaired")

@@ -32,10 +32,14 @@ type OperationsConfig struct {
 	CleanupInterval         time.Duration // CLEANUP_INTERVAL
 	CleanupBatch            int           // CLEANUP_BATCH
 	CleanupPause            time.Duration // CLEANUP_PAUSE
-	// ReplayApprovalThreshold: a replay of more events needs a second
-	// admin (a time-range replay always does).
-	ReplayApprovalThreshold int     // REPLAY_APPROVAL_THRESHOLD
-	ReplayRate              float64 // REPLAY_RATE: events per second
+	// ReplayApprovalThreshold: a replay that takes an admin's events over
+	// this many within ReplayApprovalWindow needs a second admin (a
+	// time-range replay always does).
+	ReplayApprovalThreshold int           // REPLAY_APPROVAL_THRESHOLD
+	ReplayApprovalWindow    time.Duration // REPLAY_APPROVAL_WINDOW
+	// ReplayApprovalTTL is how long a second admin's approval allows a run.
+	ReplayApprovalTTL time.Duration // REPLAY_APPROVAL_TTL
+	ReplayRate        float64       // REPLAY_RATE: events per second
 	// ReplayConsumersFile is the consumer registry (YAML): who reads the
 	// events, their inbox retention, their side effects.
 	ReplayConsumersFile string // REPLAY_CONSUMERS_FILE
@@ -49,11 +53,16 @@ func loadOperations(r *envconfig.Reader) OperationsConfig {
 		CleanupBatch:            r.Int("CLEANUP_BATCH", 1000, 1, 100_000),
 		CleanupPause:            r.Duration("CLEANUP_PAUSE", 100*time.Millisecond),
 		ReplayApprovalThreshold: r.Int("REPLAY_APPROVAL_THRESHOLD", 100, 0, 1_000_000),
+		ReplayApprovalWindow:    r.Duration("REPLAY_APPROVAL_WINDOW", 24*time.Hour),
+		ReplayApprovalTTL:       r.Duration("REPLAY_APPROVAL_TTL", time.Hour),
 		ReplayRate:              float64(r.Int("REPLAY_RATE", 100, 1, 100_000)),
 		ReplayConsumersFile:     r.String("REPLAY_CONSUMERS_FILE", ""),
 	}
 	if c.OutboxRetention <= 0 || c.IdempotencyKeyRetention <= 0 || c.CleanupInterval <= 0 {
 		r.Fail("OUTBOX_RETENTION, IDEMPOTENCY_KEY_RETENTION and CLEANUP_INTERVAL must be positive")
+	}
+	if c.ReplayApprovalWindow <= 0 || c.ReplayApprovalTTL <= 0 {
+		r.Fail("REPLAY_APPROVAL_WINDOW and REPLAY_APPROVAL_TTL must be positive")
 	}
 	// The registry file is read, and refused if malformed, when serve
 	// starts: a configuration check may run where the file is not.
@@ -61,9 +70,9 @@ func loadOperations(r *envconfig.Reader) OperationsConfig {
 }
 
 func (c OperationsConfig) print(w io.Writer) {
-	fmt.Fprintf(w, "config: OUTBOX_RETENTION=%s IDEMPOTENCY_KEY_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d CLEANUP_PAUSE=%s REPLAY_APPROVAL_THRESHOLD=%d REPLAY_RATE=%g REPLAY_CONSUMERS_FILE=%s\n",
+	fmt.Fprintf(w, "config: OUTBOX_RETENTION=%s IDEMPOTENCY_KEY_RETENTION=%s CLEANUP_INTERVAL=%s CLEANUP_BATCH=%d CLEANUP_PAUSE=%s REPLAY_APPROVAL_THRESHOLD=%d REPLAY_APPROVAL_WINDOW=%s REPLAY_APPROVAL_TTL=%s REPLAY_RATE=%g REPLAY_CONSUMERS_FILE=%s\n",
 		c.OutboxRetention, c.IdempotencyKeyRetention, c.CleanupInterval, c.CleanupBatch, c.CleanupPause,
-		c.ReplayApprovalThreshold, c.ReplayRate, c.ReplayConsumersFile)
+		c.ReplayApprovalThreshold, c.ReplayApprovalWindow, c.ReplayApprovalTTL, c.ReplayRate, c.ReplayConsumersFile)
 }
 
 // consumerRegistry is the file format of REPLAY_CONSUMERS_FILE.
@@ -98,11 +107,13 @@ func loadConsumers(path string) ([]outbox.Consumer, error) {
 }
 
 // operations is the orders service's part of operating the outbox: the
-// admin API over outbox.Admin, the producer replays use, and the cleanup.
+// admin API over outbox.Admin, the producer replays use, the replays'
+// resumption, and the cleanup.
 type operations struct {
 	admin   *outbox.Admin
 	keys    *orders.KeyCleanup
 	handler http.Handler
+	policy  outbox.ReplayPolicy
 	cfg     Config
 	log     *slog.Logger
 
@@ -113,32 +124,66 @@ type operations struct {
 // newOperations builds the admin API and registers the cleanup metrics.
 // ctx bounds replay runs and the cleanup loop.
 func newOperations(ctx context.Context, cfg Config, pool *pgxpool.Pool, writer *outbox.Writer, log *slog.Logger, reg prometheus.Registerer) (*operations, error) {
-	ops := &operations{admin: outbox.NewAdmin(pool, writer), keys: orders.NewKeyCleanup(pool), cfg: cfg, log: log}
+	ops := newReplayer(cfg, pool, writer, log)
+	ops.keys = orders.NewKeyCleanup(pool)
 	if err := reg.Register(ops.admin.Collector()); err != nil {
 		return nil, fmt.Errorf("register outbox cleanup metrics: %w", err)
 	}
 	if err := reg.Register(ops.keys.Collector()); err != nil {
 		return nil, fmt.Errorf("register orders cleanup metrics: %w", err)
 	}
-	policy := outbox.ReplayPolicy{ApprovalThreshold: cfg.Ops.ReplayApprovalThreshold}
 	if cfg.Ops.ReplayConsumersFile != "" {
 		consumers, err := loadConsumers(cfg.Ops.ReplayConsumersFile)
 		if err != nil {
 			return nil, fmt.Errorf("REPLAY_CONSUMERS_FILE: %w", err)
 		}
-		policy.Consumers = consumers
+		ops.policy.Consumers = consumers
 	}
 	ops.handler = ops.admin.Handler(outbox.AdminHandlerConfig{
 		Actor: func(r *http.Request) string {
 			p, _ := auth.FromContext(r.Context())
 			return p.Subject
 		},
-		Policy:     policy,
+		Policy:     ops.policy,
 		Target:     ops.replayTarget,
 		Background: ctx,
 		Log:        log,
 	})
 	return ops, nil
+}
+
+// newReplayer is the part of operations that `orders relay` has too: the
+// outbox operations, with the order events' repair check, and what a
+// replay needs to run. A running plan is leased for RELAY_LEASE, as the
+// relay's claimed rows are: the same time after which a dead process's
+// work is taken over.
+func newReplayer(cfg Config, pool *pgxpool.Pool, writer *outbox.Writer, log *slog.Logger) *operations {
+	return &operations{
+		admin: outbox.NewAdmin(pool, writer, outbox.WithRepairCheck(orders.CheckRepair)),
+		policy: outbox.ReplayPolicy{
+			ApprovalThreshold: cfg.Ops.ReplayApprovalThreshold,
+			ApprovalWindow:    cfg.Ops.ReplayApprovalWindow,
+			ApprovalTTL:       cfg.Ops.ReplayApprovalTTL,
+			RunLease:          cfg.Relay.Lease,
+		},
+		cfg: cfg,
+		log: log,
+	}
+}
+
+// resumeReplays continues, until ctx ends, the replays whose runner
+// stopped (interrupted by a shutdown, or killed): the process that starts
+// next, or any other one running, takes them over.
+func (o *operations) resumeReplays(ctx context.Context) {
+	o.admin.ResumeReplays(ctx, o.policy, o.replayTarget, o.log)
+}
+
+// stopReplays waits, within ctx, for the replays this process runs to
+// record where they stopped; the caller has ended their context.
+func (o *operations) stopReplays(ctx context.Context) {
+	if err := o.admin.WaitReplays(ctx); err != nil {
+		o.log.Warn("replays did not stop in time; they continue after their lease", "error", err.Error())
+	}
 }
 
 // replayTarget is where replays publish: the topic, through producer.

@@ -94,6 +94,29 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 		return err
 	}
 	schema := migrate.NewSchemaCheck(pool, migrations.Orders())
+
+	// This process also continues the replays a stopped process left
+	// (interrupted, or running on a dead runner's lease): a replay
+	// resumes wherever a relay starts.
+	writer, err := outbox.NewWriter(orderEventTypes())
+	if err != nil {
+		return err
+	}
+	replays := newReplayer(cfg, pool, writer, log)
+	defer replays.close()
+	replaysCtx, stopReplays := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		stopReplays()
+		wctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+		defer cancel()
+		replays.stopReplays(wctx)
+	}()
+	go func() {
+		if schema.Wait(replaysCtx, 2*time.Second, func(error) {}) == nil {
+			replays.resumeReplays(replaysCtx)
+		}
+	}()
+
 	relayDone := make(chan error, 1)
 	go func() {
 		if err := waitForSchema(relayCtx, schema, log); err != nil {
@@ -129,6 +152,7 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
+	stopReplays()
 	stopRelay()
 	select {
 	case err := <-relayDone:

@@ -181,7 +181,8 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	}
 
 	// Operations: the admin API (replays outlive their requests, so they
-	// follow opsCtx) and the retention cleanup (O4-O6).
+	// follow opsCtx), the resumption of replays a stopped process left,
+	// and the retention cleanup (O4-O6).
 	opsCtx, stopOps := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopOps()
 	writer, err := outbox.NewWriter(orderEventTypes())
@@ -193,7 +194,20 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		return err
 	}
 	defer ops.close()
+	// Runs first on return: replays record where they stopped while the
+	// producer and the pool are still open.
+	defer func() {
+		stopOps()
+		wctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+		defer cancel()
+		ops.stopReplays(wctx)
+	}()
 	go ops.runCleanup(opsCtx)
+	go func() {
+		if schema.Wait(opsCtx, 2*time.Second, func(error) {}) == nil {
+			ops.resumeReplays(opsCtx)
+		}
+	}()
 	svc, err := orders.NewService(pool, orders.WithLogger(log), orders.WithNudge(nudge), orders.WithDirectPublisher(ops.directPublish))
 	if err != nil {
 		return err
@@ -239,6 +253,9 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		log.Error("relay stopped unexpectedly; shutting down", "error", fmt.Sprint(err))
 	}
 
+	// Replays stop between two events and record their progress while the
+	// HTTP server drains; they are waited for on return.
+	stopOps()
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(shutdownCtx); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -30,6 +31,10 @@ var (
 	// ErrNothingToChange means a repair named neither a payload nor a
 	// schema version.
 	ErrNothingToChange = errors.New("outbox admin: nothing to change")
+	// ErrRepairRefused means a repair would write an event that the writer
+	// refuses (it also matches the *InvalidEventError) or that fails the
+	// service's own check (WithRepairCheck). Nothing was written.
+	ErrRepairRefused = errors.New("outbox admin: repair refused")
 )
 
 // Actor is who makes an operator's write, and why. Both are recorded in
@@ -52,15 +57,41 @@ func (a Actor) check() error {
 // authentication; every write takes an Actor and is audited in the same
 // transaction as the change. Admin is safe for concurrent use.
 type Admin struct {
-	pool    *pgxpool.Pool
-	writer  *Writer
-	deleted *prometheus.CounterVec
+	pool        *pgxpool.Pool
+	writer      *Writer
+	repairCheck func(Event) error
+	deleted     *prometheus.CounterVec
+	ownerPrefix string // host:pid, the start of every replay runner's owner token
+
+	runsMu   sync.Mutex
+	runs     int           // replay runs in the background
+	runsIdle chan struct{} // closed when runs drops to zero
+}
+
+// AdminOption configures an Admin.
+type AdminOption func(*Admin)
+
+// WithRepairCheck adds the service's own check of a repaired event, run
+// after the writer's checks (type, schema version, JSON Schema) and before
+// anything is written. The outbox knows no domain, so what a schema cannot
+// say is the service's to check: that an id in the payload is the
+// aggregate's own, that an address is one plain address. A repair is an
+// operator's hand-made event; without this check it could point an event
+// at another aggregate, and the relay would deliver it. The check's error
+// is returned wrapped in ErrRepairRefused and shown to the operator, so it
+// names the field at fault and does not quote the value.
+func WithRepairCheck(check func(Event) error) AdminOption {
+	return func(a *Admin) { a.repairCheck = check }
 }
 
 // NewAdmin returns the operations over the outbox in pool. writer checks a
 // repaired payload against the registered schemas before it is stored.
-func NewAdmin(pool *pgxpool.Pool, writer *Writer) *Admin {
-	return &Admin{pool: pool, writer: writer, deleted: newCleanupCounter()}
+func NewAdmin(pool *pgxpool.Pool, writer *Writer, opts ...AdminOption) *Admin {
+	a := &Admin{pool: pool, writer: writer, deleted: newCleanupCounter(), ownerPrefix: ownerPrefix()}
+	for _, o := range opts {
+		o(a)
+	}
+	return a
 }
 
 // Collector returns the operations' metrics (the cleanup's deleted rows,
@@ -248,10 +279,11 @@ type Repair struct {
 
 // Repair replaces the payload or schema version of a parked event, after
 // checking the result against the registered event type and schema as the
-// writer checks a new event. The event keeps its event_id, version and
-// attempts and stays parked: Resume sends it (two decisions, two audit
-// entries). It is refused, with nothing written, for an event that is not
-// parked or a result the writer would refuse (an *InvalidEventError).
+// writer checks a new event, then with the service's WithRepairCheck. The
+// event keeps its event_id, version and attempts and stays parked: Resume
+// sends it (two decisions, two audit entries). It is refused, with nothing
+// written or audited, for an event that is not parked (ErrNotParked) or a
+// result that fails either check (ErrRepairRefused).
 func (a *Admin) Repair(ctx context.Context, id uuid.UUID, r Repair, actor Actor) (EventDetail, error) {
 	if err := actor.check(); err != nil {
 		return EventDetail{}, err
@@ -281,7 +313,12 @@ func (a *Admin) Repair(ctx context.Context, id uuid.UUID, r Repair, actor Actor)
 			next.SchemaVersion = r.SchemaVersion
 		}
 		if err := a.writer.Validate([]Event{next}); err != nil {
-			return err
+			return fmt.Errorf("%w: %w", ErrRepairRefused, err)
+		}
+		if a.repairCheck != nil {
+			if err := a.repairCheck(next); err != nil {
+				return fmt.Errorf("%w: %w", ErrRepairRefused, err)
+			}
 		}
 		after, err := q.AdminRepair(ctx, outboxdb.AdminRepairParams{
 			Payload: next.Payload, SchemaVersion: int32(next.SchemaVersion), EventID: id,

@@ -3,7 +3,11 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -276,4 +280,66 @@ func TestCleanupOneRunnerAtATime(t *testing.T) {
 	n, err = e.admin().Cleanup(ctx, outbox.Cleanup{Retention: time.Hour, BatchSize: 10})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
+}
+
+// TestRepairCheck: a repair passes the writer's checks and then the
+// service's own (WithRepairCheck); a refusal by either is ErrRepairRefused
+// (400 over HTTP, naming the problem) and writes and audits nothing. A
+// repair that passes both is stored.
+func TestRepairCheck(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	bad := e.insertRaw(t, event("agg-1", 1, func(ev *outbox.Event) { ev.SchemaVersion = 2 }))[0]
+	start(t, e.relay(t, nil))
+	require.Eventually(t, func() bool { return e.row(t, bad.ID).State == "parked" }, 20*time.Second, 10*time.Millisecond)
+	ctx := context.Background()
+	var checked []outbox.Event
+	admin := outbox.NewAdmin(e.db.Pool, testWriter, outbox.WithRepairCheck(func(ev outbox.Event) error {
+		checked = append(checked, ev)
+		var p struct{ N int }
+		if err := json.Unmarshal(ev.Payload, &p); err != nil || p.N < 0 {
+			return errors.New("payload n must not be negative")
+		}
+		return nil
+	}))
+	h := admin.Handler(outbox.AdminHandlerConfig{Actor: func(*http.Request) string { return "ops" }, Log: testLogger()})
+	repair := func(body string) (int, string) {
+		res := httptest.NewRecorder()
+		h.ServeHTTP(res, httptest.NewRequest(http.MethodPost, "/events/"+bad.ID.String()+"/repair", strings.NewReader(body)))
+		var problem struct{ Detail string }
+		_ = json.Unmarshal(res.Body.Bytes(), &problem)
+		return res.Code, problem.Detail
+	}
+	unchanged := func() {
+		t.Helper()
+		d, err := admin.Event(ctx, bad.ID)
+		require.NoError(t, err)
+		require.Equal(t, 2, d.SchemaVersion)
+		require.JSONEq(t, `{"n": 1}`, string(d.Payload))
+		require.Empty(t, d.Audit, "a refused repair is not audited")
+	}
+
+	_, err := admin.Repair(ctx, bad.ID, outbox.Repair{SchemaVersion: 1, Payload: json.RawMessage(`{"n": -1}`)}, ops)
+	require.ErrorIs(t, err, outbox.ErrRepairRefused)
+	require.ErrorContains(t, err, "payload n must not be negative")
+	require.Len(t, checked, 1)
+	require.Equal(t, bad.ID, checked[0].ID, "the check sees the event as it would be stored")
+	require.Equal(t, "agg-1", checked[0].AggregateID)
+	require.Equal(t, 1, checked[0].SchemaVersion)
+	unchanged()
+
+	status, detail := repair(`{"schema_version": 1, "payload": {"n": -1}, "reason": "fix"}`)
+	require.Equal(t, http.StatusBadRequest, status)
+	require.Contains(t, detail, "repair refused: payload n must not be negative")
+	status, detail = repair(`{"schema_version": 1, "payload": {"n": "one"}, "reason": "fix"}`)
+	require.Equal(t, http.StatusBadRequest, status, "the writer's refusal too")
+	require.Contains(t, detail, "fails JSON Schema")
+	unchanged()
+
+	status, detail = repair(`{"schema_version": 1, "payload": {"n": 3}, "reason": "fix"}`)
+	require.Equal(t, http.StatusOK, status, detail)
+	d, err := admin.Event(ctx, bad.ID)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"n": 3}`, string(d.Payload))
+	require.Len(t, d.Audit, 1)
 }

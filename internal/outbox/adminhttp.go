@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,13 +22,15 @@ type AdminHandlerConfig struct {
 	// service mounts the handler behind its own authentication and an
 	// admin-role check; Actor only names the caller for the audit.
 	Actor func(*http.Request) string
-	// Policy is the replay policy: approval threshold and consumer registry.
+	// Policy is the replay policy: approval threshold, window and TTL, the
+	// runners' lease, and the consumer registry.
 	Policy ReplayPolicy
 	// Target returns where replays publish. It is called once per run, so a
 	// service can create its producer on first use.
 	Target func(context.Context) (ReplayTarget, error)
 	// Background bounds replay runs, which outlive the request that starts
-	// them: cancel it when the service stops.
+	// them: cancel it when the service stops, then call
+	// Admin.WaitReplays. A run it stops is left interrupted, resumable.
 	Background context.Context
 	// Log receives failed requests and the end of replay runs.
 	Log *slog.Logger
@@ -66,7 +67,7 @@ func (a *Admin) Handler(cfg AdminHandlerConfig) http.Handler {
 	if cfg.Background == nil {
 		cfg.Background = context.Background()
 	}
-	h := &adminHandler{a: a, cfg: cfg, running: map[uuid.UUID]bool{}}
+	h := &adminHandler{a: a, cfg: cfg}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /stats", h.stats)
 	mux.HandleFunc("GET /events/parked", h.parked)
@@ -90,9 +91,6 @@ func (a *Admin) Handler(cfg AdminHandlerConfig) http.Handler {
 type adminHandler struct {
 	a   *Admin
 	cfg AdminHandlerConfig
-
-	mu      sync.Mutex
-	running map[uuid.UUID]bool // replay runs in this process
 }
 
 // maxAdminBody bounds a request body: a repaired payload is at most
@@ -211,7 +209,10 @@ func (h *adminHandler) approve(w http.ResponseWriter, r *http.Request) {
 
 // run starts a replay in the background and answers 202 at once: a large
 // plan at a bounded rate outlives any HTTP timeout. GET /replays/{id}
-// follows its progress.
+// follows its progress. Whether the plan may run is Admin.startRun's
+// decision, made before the answer; the run itself follows
+// cfg.Background, and a plan it leaves interrupted is continued by
+// ResumeReplays or another run request.
 func (h *adminHandler) run(w http.ResponseWriter, r *http.Request) {
 	id, ok := h.id(w, r)
 	if !ok {
@@ -228,50 +229,20 @@ func (h *adminHandler) run(w http.ResponseWriter, r *http.Request) {
 		h.reply(w, r, 0, nil, err)
 		return
 	}
-	p, err := h.a.ReplayPlan(r.Context(), id, h.cfg.Policy)
+	// The producer comes first: a plan marked running must have a runner.
+	target, err := h.cfg.Target(r.Context())
+	if err != nil {
+		h.reply(w, r, 0, nil, fmt.Errorf("replay producer: %w", err))
+		return
+	}
+	owner, err := h.a.startRun(r.Context(), id, h.cfg.Policy, actor, false)
 	if err != nil {
 		h.reply(w, r, 0, nil, err)
 		return
 	}
-	switch {
-	case p.Status == "planned" && p.NeedsApproval:
-		h.reply(w, r, 0, nil, ErrNeedsApproval)
-		return
-	case p.Status != "planned" && p.Status != "approved":
-		h.reply(w, r, 0, nil, fmt.Errorf("plan is %s: %w", p.Status, ErrPlanState))
-		return
-	}
-	h.mu.Lock()
-	if h.running[id] {
-		h.mu.Unlock()
-		h.reply(w, r, 0, nil, fmt.Errorf("plan is running: %w", ErrPlanState))
-		return
-	}
-	h.running[id] = true
-	h.mu.Unlock()
-	target, err := h.cfg.Target(r.Context())
-	if err != nil {
-		h.mu.Lock()
-		delete(h.running, id)
-		h.mu.Unlock()
-		h.reply(w, r, 0, nil, fmt.Errorf("replay producer: %w", err))
-		return
-	}
-	go func() {
-		defer func() {
-			h.mu.Lock()
-			delete(h.running, id)
-			h.mu.Unlock()
-		}()
-		done, err := h.a.RunReplay(h.cfg.Background, id, target, h.cfg.Policy, actor)
-		if err != nil {
-			h.cfg.Log.Error("replay failed", "plan_id", id, "actor", actor.Subject, "error", err.Error())
-			return
-		}
-		h.cfg.Log.Info("replay done", "plan_id", id, "actor", actor.Subject, "published", done.Published)
-	}()
-	p.Status = "running"
-	writeAdminJSON(w, http.StatusAccepted, p)
+	h.a.runInBackground(h.cfg.Background, id, owner, target, h.cfg.Policy, h.cfg.Log.With("actor", actor.Subject))
+	p, err := h.a.ReplayPlan(r.Context(), id, h.cfg.Policy)
+	h.reply(w, r, http.StatusAccepted, p, err)
 }
 
 func (h *adminHandler) publishModes(w http.ResponseWriter, r *http.Request) {
@@ -341,11 +312,13 @@ func (h *adminHandler) reply(w http.ResponseWriter, r *http.Request, status int,
 	switch {
 	case err == nil:
 		writeAdminJSON(w, status, v)
-	case errors.Is(err, ErrActorRequired), errors.Is(err, ErrNothingToChange), errors.Is(err, ErrInvalidPublishMode):
+	case errors.Is(err, ErrActorRequired), errors.Is(err, ErrNothingToChange), errors.Is(err, ErrInvalidPublishMode),
+		errors.Is(err, ErrRepairRefused):
 		h.problem(w, http.StatusBadRequest, err.Error())
 	case errors.Is(err, ErrNotFound):
 		h.problem(w, http.StatusNotFound, err.Error())
-	case errors.Is(err, ErrNotParked), errors.Is(err, ErrPlanState), errors.Is(err, ErrNeedsApproval), errors.Is(err, ErrSameApprover):
+	case errors.Is(err, ErrNotParked), errors.Is(err, ErrPlanState), errors.Is(err, ErrNeedsApproval), errors.Is(err, ErrSameApprover),
+		errors.Is(err, ErrApprovalExpired):
 		h.problem(w, http.StatusConflict, err.Error())
 	case errors.As(err, &ie), errors.Is(err, ErrTooManyEvents), errors.Is(err, ErrUnknownEventType):
 		h.problem(w, http.StatusUnprocessableEntity, err.Error())

@@ -55,11 +55,14 @@
 //   - ErrorClass and its Class… values, ErrorClass.Parks: why a delivery
 //     failed, as stored in last_error_class and labelled in metrics.
 //   - NewAdmin, Admin, Actor: the operations, each write audited with its
-//     actor and reason (O4-O6): Stats, Parked, Event, Repair, Resume;
-//     PlanReplay, ReplayPlan, ApproveReplay, RunReplay with ReplayPolicy,
-//     Consumer and ReplayTarget; Cleanup (the retention, into
-//     outbox_archive); Collector; Handler and AdminHandlerConfig, the same
-//     as a JSON HTTP API.
+//     actor and reason (O4-O6): Stats, Parked, Event, Repair, Resume
+//     (AdminOption, WithRepairCheck: the service's own check of a repair;
+//     ErrRepairRefused); PlanReplay, ReplayPlan, ApproveReplay, RunReplay
+//     with ReplayPolicy, Consumer and ReplayTarget (ErrNeedsApproval,
+//     ErrApprovalExpired); ResumeReplays and WaitReplays, which continue
+//     replays whose process stopped and let a stopping one record where
+//     it was; Cleanup (the retention, into outbox_archive); Collector;
+//     Handler and AdminHandlerConfig, the same as a JSON HTTP API.
 //
 // Migrating from publishing inside the transaction (O7):
 //   - PublishMode (ModeDirect, ModeShadow, ModeOutbox), ParsePublishMode:

@@ -11,17 +11,19 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/internal/outbox/cloudevents"
 	"github.com/outboxref/orders/internal/outbox/outboxdb"
 )
 
 // Replay errors.
 var (
 	// ErrNeedsApproval means a plan must be approved by a second admin
-	// before it runs.
+	// before it runs: it selects by time range, or its events and those
+	// its admin replayed alone within the window exceed the threshold.
 	ErrNeedsApproval = errors.New("outbox replay: the plan needs a second admin's approval")
+	// ErrApprovalExpired means a plan's approval is older than the
+	// policy's ApprovalTTL: a second admin must approve it again.
+	ErrApprovalExpired = errors.New("outbox replay: the approval has expired; a second admin must approve the plan again")
 	// ErrSameApprover means the admin who planned a replay tried to approve
 	// it: approval is a second person's decision.
 	ErrSameApprover = errors.New("outbox replay: a plan is approved by an admin other than the one who planned it")
@@ -56,11 +58,47 @@ func (c Consumer) reads(eventType string) bool {
 	return len(c.EventTypes) == 0 || slices.Contains(c.EventTypes, eventType)
 }
 
+// The policy's defaults, for its zero fields.
+const (
+	defaultApprovalWindow = 24 * time.Hour
+	defaultApprovalTTL    = time.Hour
+	defaultRunLease       = 30 * time.Second
+)
+
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+func (p ReplayPolicy) window() time.Duration {
+	return orDefault(p.ApprovalWindow, defaultApprovalWindow)
+}
+func (p ReplayPolicy) ttl() time.Duration   { return orDefault(p.ApprovalTTL, defaultApprovalTTL) }
+func (p ReplayPolicy) lease() time.Duration { return orDefault(p.RunLease, defaultRunLease) }
+
 // ReplayPolicy is the service's rules for replays.
 type ReplayPolicy struct {
-	// ApprovalThreshold: a plan of more events than this needs a second
-	// admin's approval. Time-range plans always do.
+	// ApprovalThreshold is how many events one admin may replay alone
+	// within ApprovalWindow: a plan whose events, added to those the admin
+	// planned or ran without a second admin in the window, exceed it needs
+	// a second admin's approval. Time-range plans always do.
 	ApprovalThreshold int
+	// ApprovalWindow is the rolling window of ApprovalThreshold; 24 hours
+	// when zero. Counting per admin over a window, not per plan, is what
+	// stops a large replay from being split into plans just under the
+	// threshold.
+	ApprovalWindow time.Duration
+	// ApprovalTTL is how long an approval stays valid, counted on the
+	// database's clock from when it was given; one hour when zero. An
+	// approval is a judgement of the plan against the system as it was:
+	// one left lying around for days should not start a replay.
+	ApprovalTTL time.Duration
+	// RunLease is how long a running plan stays its runner's without a
+	// heartbeat (renewed every third of it); 30 seconds when zero. A plan
+	// whose runner died is taken over once its lease has passed.
+	RunLease time.Duration
 	// MaxEvents bounds one plan; 10,000 when zero.
 	MaxEvents int
 	// Consumers is the consumer registry.
@@ -94,8 +132,17 @@ type ReplayPlan struct {
 	Status        string         `json:"status"`
 	NeedsApproval bool           `json:"needs_approval"`
 	ApprovedBy    string         `json:"approved_by,omitempty"`
-	RunBy         string         `json:"run_by,omitempty"`
-	RunError      string         `json:"run_error,omitempty"`
+	ApprovedAt    *time.Time     `json:"approved_at,omitempty"`
+	// ApprovalExpiresAt is when the approval stops allowing a run
+	// (ApprovedAt plus the policy's ApprovalTTL).
+	ApprovalExpiresAt *time.Time `json:"approval_expires_at,omitempty"`
+	RunBy             string     `json:"run_by,omitempty"`
+	RunError          string     `json:"run_error,omitempty"`
+	// RunOwner names the runner (host, process and run) while the plan is
+	// running, and RunLeaseExpiresAt when it counts as dead without a
+	// heartbeat.
+	RunOwner          string     `json:"run_owner,omitempty"`
+	RunLeaseExpiresAt *time.Time `json:"run_lease_expires_at,omitempty"`
 	// Counts are the events to publish, by type.
 	Counts map[string]int `json:"counts"`
 	// Events is the number of events to publish; Published how many are.
@@ -217,10 +264,14 @@ func (a *Admin) PlanReplay(ctx context.Context, sel ReplaySelector, policy Repla
 	if publish == 0 {
 		return ReplayPlan{}, fmt.Errorf("outbox replay: no delivered event in the outbox matches (%d skipped): %w", len(plan.Skipped)+len(archived), ErrNotFound)
 	}
-	plan.NeedsApproval = len(sel.IDs) == 0 || publish > policy.ApprovalThreshold
 	selector, _ := json.Marshal(sel)
 	err = inTx(ctx, a.pool, func(tx pgx.Tx) error {
 		tq := outboxdb.New(tx)
+		why, err := fourEyes(ctx, tq, plan.ID, len(sel.IDs) == 0, publish, policy, actor.Subject)
+		if err != nil {
+			return err
+		}
+		plan.NeedsApproval = why != ""
 		if err := tq.ReplayPlanInsert(ctx, outboxdb.ReplayPlanInsertParams{ID: plan.ID, CreatedBy: actor.Subject, Reason: actor.Reason,
 			Selector: selector, NeedsApproval: plan.NeedsApproval}); err != nil {
 			return fmt.Errorf("store replay plan: %w", err)
@@ -228,7 +279,7 @@ func (a *Admin) PlanReplay(ctx context.Context, sel ReplaySelector, policy Repla
 		if err := tq.ReplayItemsInsert(ctx, items); err != nil {
 			return fmt.Errorf("store replay plan events: %w", err)
 		}
-		detail, _ := json.Marshal(map[string]any{"events": publish, "needs_approval": plan.NeedsApproval, "selector": sel})
+		detail, _ := json.Marshal(map[string]any{"events": publish, "needs_approval": plan.NeedsApproval, "why": why, "selector": sel})
 		return writeAudit(ctx, tq, actor, "replay_plan", plan.ID.String(), nil, nil, detail)
 	})
 	if err != nil {
@@ -254,8 +305,13 @@ func (a *Admin) ReplayPlan(ctx context.Context, id uuid.UUID, policy ReplayPolic
 		return ReplayPlan{}, fmt.Errorf("read replay plan %s: %w", id, err)
 	}
 	plan := ReplayPlan{ID: p.ID, CreatedAt: p.CreatedAt, CreatedBy: p.CreatedBy, Reason: p.Reason, Status: p.Status,
-		NeedsApproval: p.NeedsApproval, ApprovedBy: deref(p.ApprovedBy), RunBy: deref(p.RunBy), RunError: deref(p.RunError),
+		NeedsApproval: p.NeedsApproval, ApprovedBy: deref(p.ApprovedBy), ApprovedAt: p.ApprovedAt, RunBy: deref(p.RunBy),
+		RunError: deref(p.RunError), RunOwner: deref(p.RunOwner), RunLeaseExpiresAt: p.RunLeaseExpiresAt,
 		Counts: map[string]int{}, Skipped: extra}
+	if p.ApprovedAt != nil {
+		exp := p.ApprovedAt.Add(policy.ttl())
+		plan.ApprovalExpiresAt = &exp
+	}
 	_ = json.Unmarshal(p.Selector, &plan.Selector)
 	impacts := make([]ConsumerImpact, len(policy.Consumers))
 	for i, c := range policy.Consumers {
@@ -295,25 +351,27 @@ func (a *Admin) ReplayPlan(ctx context.Context, id uuid.UUID, policy ReplayPolic
 	return plan, nil
 }
 
-// ApproveReplay records a second admin's approval of a plan that needs
-// one. The admin who planned it cannot approve it.
+// ApproveReplay records a second admin's approval of a plan, valid for
+// the policy's ApprovalTTL. The admin who planned it cannot approve it. A
+// plan whose approval expired before it ran can be approved again.
 func (a *Admin) ApproveReplay(ctx context.Context, id uuid.UUID, policy ReplayPolicy, actor Actor) (ReplayPlan, error) {
 	if err := actor.check(); err != nil {
 		return ReplayPlan{}, err
 	}
 	err := inTx(ctx, a.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
-		p, err := q.ReplayPlanLock(ctx, id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("replay plan %s: %w", id, ErrNotFound)
-		}
+		row, err := lockPlan(ctx, q, id)
 		if err != nil {
-			return fmt.Errorf("lock replay plan %s: %w", id, err)
+			return err
 		}
+		p := row.OutboxReplayPlan
 		switch {
+		case p.Status == "approved" && approvalExpired(p, row.DBNow, policy):
+			// Approved again: the new approval's time replaces the old.
 		case p.Status != "planned":
 			return fmt.Errorf("plan is %s: %w", p.Status, ErrPlanState)
-		case p.CreatedBy == actor.Subject:
+		}
+		if p.CreatedBy == actor.Subject {
 			return ErrSameApprover
 		}
 		if err := q.ReplayPlanApprove(ctx, outboxdb.ReplayPlanApproveParams{ApprovedBy: &actor.Subject, ID: id}); err != nil {
@@ -327,110 +385,141 @@ func (a *Admin) ApproveReplay(ctx context.Context, id uuid.UUID, policy ReplayPo
 	return a.ReplayPlan(ctx, id, policy)
 }
 
-// ReplayTarget is where and how fast a replay publishes.
-type ReplayTarget struct {
-	// Client produces the records; the caller owns it. It should have the
-	// relay's producer settings (acks from all in-sync replicas,
-	// idempotence, the key partitioner).
-	Client *kgo.Client
-	Topic  string
-	// Source is the ce_source of the records, as the relay writes it.
-	Source string
-	// Rate bounds the events published per second (R: consumers and the
-	// broker are not flooded); 100 when zero.
-	Rate float64
+func lockPlan(ctx context.Context, q *outboxdb.Queries, id uuid.UUID) (outboxdb.ReplayPlanLockRow, error) {
+	row, err := q.ReplayPlanLock(ctx, id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return row, fmt.Errorf("replay plan %s: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return row, fmt.Errorf("lock replay plan %s: %w", id, err)
+	}
+	return row, nil
 }
 
-// RunReplay publishes the events of a plan that may run (planned and not
-// needing approval, or approved), in creation order, each with its
-// original event_id, key and headers, at most Rate per second, and records
-// each publication in the event's replay history. It returns the plan as it
-// ended. A failure stops the run and marks the plan failed; a plan is run
-// once.
-func (a *Admin) RunReplay(ctx context.Context, id uuid.UUID, target ReplayTarget, policy ReplayPolicy, actor Actor) (ReplayPlan, error) {
-	if err := actor.check(); err != nil {
-		return ReplayPlan{}, err
+// approvalExpired reports whether plan p's approval is older than the
+// policy allows at now, the database's clock: a client cannot make an old
+// approval look fresh.
+func approvalExpired(p outboxdb.OutboxReplayPlan, now time.Time, policy ReplayPolicy) bool {
+	return p.ApprovedAt != nil && now.Sub(*p.ApprovedAt) > policy.ttl()
+}
+
+// fourEyes is the replay approval rule (O5), and the only place it is
+// written: it returns why plan planID needs a second admin's approval, or
+// "" when it does not. A time-range plan always does: its reach is
+// decided by the data, not by the ids its admin read. A plan of ids does
+// when its events, added to the events each of admins replayed alone
+// within the policy's window, exceed the threshold: an admin replays alone
+// the events of plans that needed no approval and that they planned or
+// started in the window. Counting per admin over a window, rather than per
+// plan, is what keeps a large replay from being split into small plans.
+//
+// It runs in the transaction that records the decision, after taking a
+// lock per admin (in a fixed order, so two decisions cannot deadlock):
+// two plans made at the same moment are counted against each other.
+func fourEyes(ctx context.Context, q *outboxdb.Queries, planID uuid.UUID, byRange bool, events int, policy ReplayPolicy, admins ...string) (string, error) {
+	if byRange {
+		return "a time-range plan always needs a second admin's approval", nil
 	}
+	admins = slices.Clone(admins)
+	slices.Sort(admins)
+	admins = slices.Compact(admins)
+	for _, admin := range admins {
+		if err := q.ReplaySoloEventsLock(ctx, admin); err != nil {
+			return "", fmt.Errorf("lock the replay count of %s: %w", admin, err)
+		}
+	}
+	window := policy.window()
+	for _, admin := range admins {
+		solo, err := q.ReplaySoloEvents(ctx, outboxdb.ReplaySoloEventsParams{PlanID: planID, Admin: admin, WindowSeconds: window.Seconds()})
+		if err != nil {
+			return "", fmt.Errorf("count the replays of %s: %w", admin, err)
+		}
+		if int64(events)+solo > int64(policy.ApprovalThreshold) {
+			return fmt.Sprintf("its %d events and the %d that %s replayed without a second admin in the last %s exceed the threshold of %d",
+				events, solo, admin, window, policy.ApprovalThreshold), nil
+		}
+	}
+	return "", nil
+}
+
+// startRun hands plan id to a new runner if it may run now, and returns
+// the runner's owner token, which fences everything the run then writes.
+// Whether a plan may run is decided here and nowhere else, in the
+// transaction that marks it running: a planned plan must need no approval
+// (fourEyes, counted again now that the admin may have replayed more), an
+// approved one must have an approval younger than the policy's TTL, and a
+// plan whose runner stopped (interrupted, or running on a lease that has
+// passed) is continued without either check, since its run was allowed
+// when it began. continueOnly restricts it to the last case: what a relay
+// process takes over on its own.
+//
+// A planned plan that the rule now sends to a second admin is marked as
+// needing approval, and ErrNeedsApproval returned; nothing else is
+// written for a refusal.
+func (a *Admin) startRun(ctx context.Context, id uuid.UUID, policy ReplayPolicy, actor Actor, continueOnly bool) (string, error) {
+	owner := a.runOwner()
+	var refused error
 	err := inTx(ctx, a.pool, func(tx pgx.Tx) error {
 		q := outboxdb.New(tx)
-		p, err := q.ReplayPlanLock(ctx, id)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("replay plan %s: %w", id, ErrNotFound)
-		}
+		row, err := lockPlan(ctx, q, id)
 		if err != nil {
-			return fmt.Errorf("lock replay plan %s: %w", id, err)
+			return err
 		}
+		p, now := row.OutboxReplayPlan, row.DBNow
+		action := "replay_run"
+		detail := map[string]any{"owner": owner}
+		abandoned := p.Status == "running" && (p.RunLeaseExpiresAt == nil || p.RunLeaseExpiresAt.Before(now))
 		switch {
+		case p.Status == "interrupted" || abandoned:
+			action = "replay_continue"
+			detail["previous_status"], detail["previous_owner"] = p.Status, deref(p.RunOwner)
+		case p.Status == "running":
+			return fmt.Errorf("plan is running (runner %s, lease until %s): %w",
+				deref(p.RunOwner), p.RunLeaseExpiresAt.Format(time.RFC3339), ErrPlanState)
+		case continueOnly:
+			return fmt.Errorf("plan is %s: %w", p.Status, ErrPlanState)
+		case p.Status == "approved" && approvalExpired(p, now, policy):
+			return fmt.Errorf("approved by %s at %s, %s ago; an approval is valid for %s: %w", deref(p.ApprovedBy),
+				p.ApprovedAt.Format(time.RFC3339), now.Sub(*p.ApprovedAt).Round(time.Second), policy.ttl(), ErrApprovalExpired)
+		case p.Status == "approved":
 		case p.Status == "planned" && p.NeedsApproval:
-			return ErrNeedsApproval
-		case p.Status != "planned" && p.Status != "approved":
+			return fmt.Errorf("plan %s: %w", id, ErrNeedsApproval)
+		case p.Status == "planned":
+			items, err := q.ReplayItems(ctx, id)
+			if err != nil {
+				return fmt.Errorf("read replay plan %s: %w", id, err)
+			}
+			events := 0
+			for _, it := range items {
+				if it.State != "skipped_archived" {
+					events++
+				}
+			}
+			why, err := fourEyes(ctx, q, id, false, events, policy, p.CreatedBy, actor.Subject)
+			if err != nil {
+				return err
+			}
+			if why != "" {
+				refused = fmt.Errorf("%s: %w", why, ErrNeedsApproval)
+				// Committed with the refusal: the plan now shows, and
+				// approve accepts, that it needs a second admin.
+				return q.ReplayPlanRequireApproval(ctx, id)
+			}
+		default:
 			return fmt.Errorf("plan is %s: %w", p.Status, ErrPlanState)
 		}
-		if err := q.ReplayPlanStart(ctx, outboxdb.ReplayPlanStartParams{RunBy: &actor.Subject, ID: id}); err != nil {
+		if err := q.ReplayPlanStart(ctx, outboxdb.ReplayPlanStartParams{RunBy: actor.Subject, RunOwner: owner,
+			LeaseSeconds: policy.lease().Seconds(), ID: id}); err != nil {
 			return fmt.Errorf("start replay plan %s: %w", id, err)
 		}
-		return writeAudit(ctx, q, actor, "replay_run", id.String(), nil, nil, nil)
+		b, _ := json.Marshal(detail)
+		return writeAudit(ctx, q, actor, action, id.String(), nil, nil, b)
 	})
+	if err == nil {
+		err = refused
+	}
 	if err != nil {
-		return ReplayPlan{}, err
+		return "", err
 	}
-	runErr := a.publishReplay(ctx, id, target)
-	status := "done"
-	var msg *string
-	if runErr != nil {
-		status, msg = "failed", new(string)
-		*msg = runErr.Error()
-	}
-	if err := outboxdb.New(a.pool).ReplayPlanEnd(context.WithoutCancel(ctx), outboxdb.ReplayPlanEndParams{Status: status, RunError: msg, ID: id}); err != nil {
-		return ReplayPlan{}, errors.Join(runErr, fmt.Errorf("end replay plan %s: %w", id, err))
-	}
-	plan, err := a.ReplayPlan(context.WithoutCancel(ctx), id, policy)
-	if err != nil {
-		return ReplayPlan{}, errors.Join(runErr, err)
-	}
-	return plan, runErr
-}
-
-func (a *Admin) publishReplay(ctx context.Context, id uuid.UUID, target ReplayTarget) error {
-	rate := target.Rate
-	if rate <= 0 {
-		rate = 100
-	}
-	q := outboxdb.New(a.pool)
-	items, err := q.ReplayItems(ctx, id)
-	if err != nil {
-		return fmt.Errorf("read replay plan %s: %w", id, err)
-	}
-	var ids []uuid.UUID
-	for _, it := range items {
-		if it.State == "planned" {
-			ids = append(ids, it.EventID)
-		}
-	}
-	rows, err := q.ReplayEventsByIDs(ctx, ids)
-	if err != nil {
-		return fmt.Errorf("read events to replay: %w", err)
-	}
-	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
-	defer tick.Stop()
-	for _, r := range rows {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-		}
-		rec := cloudevents.Record(target.Topic, cloudevents.Event{
-			ID: r.EventID, Type: r.EventType, Source: target.Source, Time: r.CreatedAt,
-			AggregateType: r.AggregateType, AggregateID: r.AggregateID, AggregateVersion: r.AggregateVersion,
-			SchemaVersion: int(r.SchemaVersion), Traceparent: deref(r.Traceparent), Data: r.Payload,
-		})
-		if err := target.Client.ProduceSync(ctx, rec).FirstErr(); err != nil {
-			return fmt.Errorf("publish event %s: %w", r.EventID, err)
-		}
-		if err := q.ReplayItemPublished(ctx, outboxdb.ReplayItemPublishedParams{BrokerPartition: &rec.Partition, BrokerOffset: &rec.Offset,
-			PlanID: id, EventID: r.EventID}); err != nil {
-			return fmt.Errorf("record replay of %s: %w", r.EventID, err)
-		}
-	}
-	return nil
+	return owner, nil
 }

@@ -731,10 +731,13 @@ func (q *Queries) ReplayEventsByRange(ctx context.Context, arg ReplayEventsByRan
 	return items, nil
 }
 
-const replayItemPublished = `-- name: ReplayItemPublished :exec
+const replayItemPublished = `-- name: ReplayItemPublished :execrows
 UPDATE outbox_replay_item
 SET state = 'published', published_at = clock_timestamp(), broker_partition = $1, broker_offset = $2
-WHERE plan_id = $3 AND event_id = $4
+WHERE plan_id = $3 AND event_id = $4 AND state = 'planned'
+  AND EXISTS (SELECT 1 FROM outbox_replay_plan p
+              WHERE p.id = $3 AND p.status = 'running' AND p.run_owner = $5::text
+              FOR SHARE)
 `
 
 type ReplayItemPublishedParams struct {
@@ -742,16 +745,26 @@ type ReplayItemPublishedParams struct {
 	BrokerOffset    *int64
 	PlanID          uuid.UUID
 	EventID         uuid.UUID
+	RunOwner        string
 }
 
-func (q *Queries) ReplayItemPublished(ctx context.Context, arg ReplayItemPublishedParams) error {
-	_, err := q.db.Exec(ctx, replayItemPublished,
+// Records one publication, only while the plan is still this runner's. The
+// plan row is read FOR SHARE, so the record waits for a takeover in
+// progress and then sees the new runner: a runner that lost its plan gets
+// no row and stops, and the new runner never finds an item published
+// behind its back.
+func (q *Queries) ReplayItemPublished(ctx context.Context, arg ReplayItemPublishedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, replayItemPublished,
 		arg.BrokerPartition,
 		arg.BrokerOffset,
 		arg.PlanID,
 		arg.EventID,
+		arg.RunOwner,
 	)
-	return err
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const replayItems = `-- name: ReplayItems :many
@@ -880,25 +893,38 @@ func (q *Queries) ReplayPlanApprove(ctx context.Context, arg ReplayPlanApprovePa
 	return err
 }
 
-const replayPlanEnd = `-- name: ReplayPlanEnd :exec
+const replayPlanEnd = `-- name: ReplayPlanEnd :execrows
 UPDATE outbox_replay_plan
-SET status = $1, run_ended_at = clock_timestamp(), run_error = left($2::text, 1024)
-WHERE id = $3
+SET status = $1::text, run_error = left($2::text, 1024),
+    run_ended_at = CASE WHEN $1::text = 'interrupted' THEN NULL ELSE clock_timestamp() END,
+    run_owner = NULL, run_lease_expires_at = NULL
+WHERE id = $3 AND status = 'running' AND run_owner = $4::text
 `
 
 type ReplayPlanEndParams struct {
 	Status   string
 	RunError *string
 	ID       uuid.UUID
+	RunOwner string
 }
 
-func (q *Queries) ReplayPlanEnd(ctx context.Context, arg ReplayPlanEndParams) error {
-	_, err := q.db.Exec(ctx, replayPlanEnd, arg.Status, arg.RunError, arg.ID)
-	return err
+// Ends a runner's part: done, failed, or interrupted (resumable, so not
+// ended). Only the plan's current runner can end it.
+func (q *Queries) ReplayPlanEnd(ctx context.Context, arg ReplayPlanEndParams) (int64, error) {
+	result, err := q.db.Exec(ctx, replayPlanEnd,
+		arg.Status,
+		arg.RunError,
+		arg.ID,
+		arg.RunOwner,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const replayPlanGet = `-- name: ReplayPlanGet :one
-SELECT id, created_at, created_by, reason, selector, needs_approval, approved_by, approved_at, status, run_by, run_started_at, run_ended_at, run_error FROM outbox_replay_plan WHERE id = $1
+SELECT id, created_at, created_by, reason, selector, needs_approval, approved_by, approved_at, status, run_by, run_started_at, run_ended_at, run_error, run_owner, run_lease_expires_at FROM outbox_replay_plan WHERE id = $1
 `
 
 func (q *Queries) ReplayPlanGet(ctx context.Context, id uuid.UUID) (OutboxReplayPlan, error) {
@@ -918,6 +944,8 @@ func (q *Queries) ReplayPlanGet(ctx context.Context, id uuid.UUID) (OutboxReplay
 		&i.RunStartedAt,
 		&i.RunEndedAt,
 		&i.RunError,
+		&i.RunOwner,
+		&i.RunLeaseExpiresAt,
 	)
 	return i, err
 }
@@ -947,41 +975,163 @@ func (q *Queries) ReplayPlanInsert(ctx context.Context, arg ReplayPlanInsertPara
 }
 
 const replayPlanLock = `-- name: ReplayPlanLock :one
-SELECT id, created_at, created_by, reason, selector, needs_approval, approved_by, approved_at, status, run_by, run_started_at, run_ended_at, run_error FROM outbox_replay_plan WHERE id = $1 FOR UPDATE
+SELECT outbox_replay_plan.id, outbox_replay_plan.created_at, outbox_replay_plan.created_by, outbox_replay_plan.reason, outbox_replay_plan.selector, outbox_replay_plan.needs_approval, outbox_replay_plan.approved_by, outbox_replay_plan.approved_at, outbox_replay_plan.status, outbox_replay_plan.run_by, outbox_replay_plan.run_started_at, outbox_replay_plan.run_ended_at, outbox_replay_plan.run_error, outbox_replay_plan.run_owner, outbox_replay_plan.run_lease_expires_at, clock_timestamp()::timestamptz AS db_now
+FROM outbox_replay_plan WHERE id = $1 FOR UPDATE
 `
 
-func (q *Queries) ReplayPlanLock(ctx context.Context, id uuid.UUID) (OutboxReplayPlan, error) {
+type ReplayPlanLockRow struct {
+	OutboxReplayPlan OutboxReplayPlan
+	DBNow            time.Time
+}
+
+// The plan, locked for a decision, with the database's clock: approvals
+// expire and runners' leases pass on the database's time, never on a
+// client's or an application server's.
+func (q *Queries) ReplayPlanLock(ctx context.Context, id uuid.UUID) (ReplayPlanLockRow, error) {
 	row := q.db.QueryRow(ctx, replayPlanLock, id)
-	var i OutboxReplayPlan
+	var i ReplayPlanLockRow
 	err := row.Scan(
-		&i.ID,
-		&i.CreatedAt,
-		&i.CreatedBy,
-		&i.Reason,
-		&i.Selector,
-		&i.NeedsApproval,
-		&i.ApprovedBy,
-		&i.ApprovedAt,
-		&i.Status,
-		&i.RunBy,
-		&i.RunStartedAt,
-		&i.RunEndedAt,
-		&i.RunError,
+		&i.OutboxReplayPlan.ID,
+		&i.OutboxReplayPlan.CreatedAt,
+		&i.OutboxReplayPlan.CreatedBy,
+		&i.OutboxReplayPlan.Reason,
+		&i.OutboxReplayPlan.Selector,
+		&i.OutboxReplayPlan.NeedsApproval,
+		&i.OutboxReplayPlan.ApprovedBy,
+		&i.OutboxReplayPlan.ApprovedAt,
+		&i.OutboxReplayPlan.Status,
+		&i.OutboxReplayPlan.RunBy,
+		&i.OutboxReplayPlan.RunStartedAt,
+		&i.OutboxReplayPlan.RunEndedAt,
+		&i.OutboxReplayPlan.RunError,
+		&i.OutboxReplayPlan.RunOwner,
+		&i.OutboxReplayPlan.RunLeaseExpiresAt,
+		&i.DBNow,
 	)
 	return i, err
 }
 
+const replayPlanRenew = `-- name: ReplayPlanRenew :execrows
+UPDATE outbox_replay_plan
+SET run_lease_expires_at = clock_timestamp() + make_interval(secs => $1::float8)
+WHERE id = $2 AND status = 'running' AND run_owner = $3::text
+`
+
+type ReplayPlanRenewParams struct {
+	LeaseSeconds float64
+	ID           uuid.UUID
+	RunOwner     string
+}
+
+// A runner's heartbeat. No row means the plan is no longer this runner's:
+// another took it over after the lease passed, and this one must stop.
+func (q *Queries) ReplayPlanRenew(ctx context.Context, arg ReplayPlanRenewParams) (int64, error) {
+	result, err := q.db.Exec(ctx, replayPlanRenew, arg.LeaseSeconds, arg.ID, arg.RunOwner)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const replayPlanRequireApproval = `-- name: ReplayPlanRequireApproval :exec
+UPDATE outbox_replay_plan SET needs_approval = true WHERE id = $1 AND status = 'planned'
+`
+
+func (q *Queries) ReplayPlanRequireApproval(ctx context.Context, id uuid.UUID) error {
+	_, err := q.db.Exec(ctx, replayPlanRequireApproval, id)
+	return err
+}
+
 const replayPlanStart = `-- name: ReplayPlanStart :exec
-UPDATE outbox_replay_plan SET status = 'running', run_by = $1, run_started_at = clock_timestamp()
-WHERE id = $2
+UPDATE outbox_replay_plan
+SET status = 'running', run_by = coalesce(run_by, $1::text), run_started_at = coalesce(run_started_at, clock_timestamp()),
+    run_owner = $2::text, run_lease_expires_at = clock_timestamp() + make_interval(secs => $3::float8),
+    run_ended_at = NULL, run_error = NULL
+WHERE id = $4
 `
 
 type ReplayPlanStartParams struct {
-	RunBy *string
-	ID    uuid.UUID
+	RunBy        string
+	RunOwner     string
+	LeaseSeconds float64
+	ID           uuid.UUID
 }
 
+// Hands the plan to a runner, for its first run or to continue one that
+// stopped. The first runner and start time stay: the audit names every
+// runner, and the four-eyes rule counts a run from when it began.
 func (q *Queries) ReplayPlanStart(ctx context.Context, arg ReplayPlanStartParams) error {
-	_, err := q.db.Exec(ctx, replayPlanStart, arg.RunBy, arg.ID)
+	_, err := q.db.Exec(ctx, replayPlanStart,
+		arg.RunBy,
+		arg.RunOwner,
+		arg.LeaseSeconds,
+		arg.ID,
+	)
+	return err
+}
+
+const replayPlansToContinue = `-- name: ReplayPlansToContinue :many
+SELECT id FROM outbox_replay_plan
+WHERE status = 'interrupted'
+   OR (status = 'running' AND (run_lease_expires_at IS NULL OR run_lease_expires_at < clock_timestamp()))
+ORDER BY created_at
+LIMIT $1
+`
+
+// Plans whose runner stopped: interrupted, or running on a lease that has
+// passed (the runner died without a word), oldest first.
+func (q *Queries) ReplayPlansToContinue(ctx context.Context, rowLimit int32) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, replayPlansToContinue, rowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const replaySoloEvents = `-- name: ReplaySoloEvents :one
+SELECT count(*)::bigint
+FROM outbox_replay_item i JOIN outbox_replay_plan p ON p.id = i.plan_id
+WHERE i.state <> 'skipped_archived' AND NOT p.needs_approval AND p.approved_by IS NULL AND p.id <> $1
+  AND ((p.created_by = $2 AND p.created_at >= clock_timestamp() - make_interval(secs => $3::float8))
+    OR (p.run_by = $2 AND p.run_started_at >= clock_timestamp() - make_interval(secs => $3::float8)))
+`
+
+type ReplaySoloEventsParams struct {
+	PlanID        uuid.UUID
+	Admin         string
+	WindowSeconds float64
+}
+
+// The events of plans that one admin planned or started within the window
+// without a second admin: what that admin replays alone. Plans that need
+// an approval, or got one, do not count: a second admin shares them. The
+// window is on the database's clock.
+func (q *Queries) ReplaySoloEvents(ctx context.Context, arg ReplaySoloEventsParams) (int64, error) {
+	row := q.db.QueryRow(ctx, replaySoloEvents, arg.PlanID, arg.Admin, arg.WindowSeconds)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const replaySoloEventsLock = `-- name: ReplaySoloEventsLock :exec
+SELECT pg_advisory_xact_lock(hashtextextended('outbox_replay_solo:' || $1::text, 0))
+`
+
+// Serialises the four-eyes decisions about one admin, so that two plans
+// made at the same moment cannot each see the other's events missing.
+func (q *Queries) ReplaySoloEventsLock(ctx context.Context, admin string) error {
+	_, err := q.db.Exec(ctx, replaySoloEventsLock, admin)
 	return err
 }

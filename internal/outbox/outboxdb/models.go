@@ -80,17 +80,19 @@ type OutboxReplayItem struct {
 }
 
 type OutboxReplayPlan struct {
-	ID            uuid.UUID
-	CreatedAt     time.Time
-	CreatedBy     string
-	Reason        string
-	Selector      []byte
-	NeedsApproval bool
-	ApprovedBy    *string
-	ApprovedAt    *time.Time
-	Status        string
-	RunBy         *string
-	RunStartedAt  *time.Time
-	RunEndedAt    *time.Time
-	RunError      *string
+	ID                uuid.UUID
+	CreatedAt         time.Time
+	CreatedBy         string
+	Reason            string
+	Selector          []byte
+	NeedsApproval     bool
+	ApprovedBy        *string
+	ApprovedAt        *time.Time
+	Status            string
+	RunBy             *string
+	RunStartedAt      *time.Time
+	RunEndedAt        *time.Time
+	RunError          *string
+	RunOwner          *string
+	RunLeaseExpiresAt *time.Time
 }

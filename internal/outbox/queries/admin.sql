@@ -75,7 +75,11 @@ SELECT @plan_id::uuid, unnest(@event_ids::uuid[]), unnest(@event_types::text[]),
 SELECT * FROM outbox_replay_plan WHERE id = @id;
 
 -- name: ReplayPlanLock :one
-SELECT * FROM outbox_replay_plan WHERE id = @id FOR UPDATE;
+-- The plan, locked for a decision, with the database's clock: approvals
+-- expire and runners' leases pass on the database's time, never on a
+-- client's or an application server's.
+SELECT sqlc.embed(outbox_replay_plan), clock_timestamp()::timestamptz AS db_now
+FROM outbox_replay_plan WHERE id = @id FOR UPDATE;
 
 -- name: ReplayItems :many
 SELECT * FROM outbox_replay_item WHERE plan_id = @plan_id ORDER BY created_at, event_id;
@@ -91,13 +95,58 @@ UPDATE outbox_replay_plan SET status = 'approved', approved_by = @approved_by, a
 WHERE id = @id;
 
 -- name: ReplayPlanStart :exec
-UPDATE outbox_replay_plan SET status = 'running', run_by = @run_by, run_started_at = clock_timestamp()
+-- Hands the plan to a runner, for its first run or to continue one that
+-- stopped. The first runner and start time stay: the audit names every
+-- runner, and the four-eyes rule counts a run from when it began.
+UPDATE outbox_replay_plan
+SET status = 'running', run_by = coalesce(run_by, @run_by::text), run_started_at = coalesce(run_started_at, clock_timestamp()),
+    run_owner = @run_owner::text, run_lease_expires_at = clock_timestamp() + make_interval(secs => @lease_seconds::float8),
+    run_ended_at = NULL, run_error = NULL
 WHERE id = @id;
 
--- name: ReplayPlanEnd :exec
+-- name: ReplayPlanRenew :execrows
+-- A runner's heartbeat. No row means the plan is no longer this runner's:
+-- another took it over after the lease passed, and this one must stop.
 UPDATE outbox_replay_plan
-SET status = @status, run_ended_at = clock_timestamp(), run_error = left(sqlc.narg('run_error')::text, 1024)
-WHERE id = @id;
+SET run_lease_expires_at = clock_timestamp() + make_interval(secs => @lease_seconds::float8)
+WHERE id = @id AND status = 'running' AND run_owner = @run_owner::text;
+
+-- name: ReplayPlanEnd :execrows
+-- Ends a runner's part: done, failed, or interrupted (resumable, so not
+-- ended). Only the plan's current runner can end it.
+UPDATE outbox_replay_plan
+SET status = @status::text, run_error = left(sqlc.narg('run_error')::text, 1024),
+    run_ended_at = CASE WHEN @status::text = 'interrupted' THEN NULL ELSE clock_timestamp() END,
+    run_owner = NULL, run_lease_expires_at = NULL
+WHERE id = @id AND status = 'running' AND run_owner = @run_owner::text;
+
+-- name: ReplayPlansToContinue :many
+-- Plans whose runner stopped: interrupted, or running on a lease that has
+-- passed (the runner died without a word), oldest first.
+SELECT id FROM outbox_replay_plan
+WHERE status = 'interrupted'
+   OR (status = 'running' AND (run_lease_expires_at IS NULL OR run_lease_expires_at < clock_timestamp()))
+ORDER BY created_at
+LIMIT @row_limit;
+
+-- name: ReplayPlanRequireApproval :exec
+UPDATE outbox_replay_plan SET needs_approval = true WHERE id = @id AND status = 'planned';
+
+-- name: ReplaySoloEventsLock :exec
+-- Serialises the four-eyes decisions about one admin, so that two plans
+-- made at the same moment cannot each see the other's events missing.
+SELECT pg_advisory_xact_lock(hashtextextended('outbox_replay_solo:' || @admin::text, 0));
+
+-- name: ReplaySoloEvents :one
+-- The events of plans that one admin planned or started within the window
+-- without a second admin: what that admin replays alone. Plans that need
+-- an approval, or got one, do not count: a second admin shares them. The
+-- window is on the database's clock.
+SELECT count(*)::bigint
+FROM outbox_replay_item i JOIN outbox_replay_plan p ON p.id = i.plan_id
+WHERE i.state <> 'skipped_archived' AND NOT p.needs_approval AND p.approved_by IS NULL AND p.id <> @plan_id
+  AND ((p.created_by = @admin AND p.created_at >= clock_timestamp() - make_interval(secs => @window_seconds::float8))
+    OR (p.run_by = @admin AND p.run_started_at >= clock_timestamp() - make_interval(secs => @window_seconds::float8)));
 
 -- name: ReplayEventsByIDs :many
 -- The events a plan may replay: rows still in the outbox, delivered (a
@@ -126,10 +175,18 @@ WHERE created_at >= @from_time AND created_at < @to_time
 ORDER BY created_at, event_id
 LIMIT @row_limit;
 
--- name: ReplayItemPublished :exec
+-- name: ReplayItemPublished :execrows
+-- Records one publication, only while the plan is still this runner's. The
+-- plan row is read FOR SHARE, so the record waits for a takeover in
+-- progress and then sees the new runner: a runner that lost its plan gets
+-- no row and stops, and the new runner never finds an item published
+-- behind its back.
 UPDATE outbox_replay_item
 SET state = 'published', published_at = clock_timestamp(), broker_partition = @broker_partition, broker_offset = @broker_offset
-WHERE plan_id = @plan_id AND event_id = @event_id;
+WHERE plan_id = @plan_id AND event_id = @event_id AND state = 'planned'
+  AND EXISTS (SELECT 1 FROM outbox_replay_plan p
+              WHERE p.id = @plan_id AND p.status = 'running' AND p.run_owner = @run_owner::text
+              FOR SHARE);
 
 -- name: CleanupLock :one
 -- One cleanup run at a time across all relays and services (O6), held for
