@@ -12,6 +12,9 @@
 //	DEVBROKER_DATA_DIR          persist topics and records here, so the demo
 //	                            survives restarts (default: in memory)
 //	DEVBROKER_MESSAGE_MAX_BYTES broker message.max.bytes (default 1048588)
+//	DEVBROKER_IDLE_TIMEOUT      close a connection that sent nothing for this
+//	                            long (default 2m, as Kafka's
+//	                            connections.max.idle.ms does after 10m)
 //	ORDERS_TOPIC                topic to create (default orders.events)
 //	ORDERS_TOPIC_PARTITIONS     its partitions (default 6, as the relay)
 package main
@@ -53,6 +56,12 @@ type config struct {
 	Topic           string
 	Partitions      int
 	MessageMaxBytes int
+	// IdleTimeout closes a client connection that has sent no byte for this
+	// long. Without it, every connection opened and abandoned (a crashed
+	// client, a port scan, a hostile peer) would be kept, with its buffers,
+	// until the broker stops. Real clients send requests or heartbeats far
+	// more often, and franz-go closes its own idle connections after 20s.
+	IdleTimeout time.Duration
 }
 
 func loadConfig(args []string, getenv func(string) string, stdout io.Writer) (config, error) {
@@ -63,6 +72,7 @@ func loadConfig(args []string, getenv func(string) string, stdout io.Writer) (co
 		Topic:           r.String("ORDERS_TOPIC", "orders.events"),
 		Partitions:      r.Int("ORDERS_TOPIC_PARTITIONS", 6, 1, 10000),
 		MessageMaxBytes: r.Int("DEVBROKER_MESSAGE_MAX_BYTES", 1048588, 1024, 1<<30),
+		IdleTimeout:     r.Duration("DEVBROKER_IDLE_TIMEOUT", 2*time.Minute),
 	}
 	fs := flag.NewFlagSet("devbroker", flag.ContinueOnError)
 	fs.SetOutput(stdout)
@@ -76,10 +86,43 @@ func loadConfig(args []string, getenv func(string) string, stdout io.Writer) (co
 	} else if _, err := strconv.Atoi(port); err != nil {
 		r.Fail("DEVBROKER_ADDR=%q: the port must be a number", c.Addr)
 	}
+	if c.IdleTimeout < time.Second {
+		r.Fail("DEVBROKER_IDLE_TIMEOUT=%s: want at least 1s", c.IdleTimeout)
+	}
 	if err := r.Err(); err != nil {
 		return config{}, fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	return c, nil
+}
+
+// idleListener hands out connections that fail a read, and so are closed
+// by the broker, once their peer has sent nothing for timeout.
+type idleListener struct {
+	net.Listener
+	timeout time.Duration
+}
+
+func (l idleListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return idleConn{Conn: c, timeout: l.timeout}, nil
+}
+
+type idleConn struct {
+	net.Conn
+	timeout time.Duration
+}
+
+// Read waits at most timeout for the peer's next bytes. The broker reads
+// one request at a time, so a read that times out means the client has
+// been silent for that long between requests.
+func (c idleConn) Read(b []byte) (int, error) {
+	if err := c.SetReadDeadline(time.Now().Add(c.timeout)); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(b)
 }
 
 // run starts the broker, makes sure the topic exists, reports the address
@@ -96,7 +139,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		kfake.Ports(port),
 		// kfake listens on 127.0.0.1 by default; this honours the host of
 		// DEVBROKER_ADDR. Clients are told the address actually bound.
-		kfake.ListenFn(func(network, _ string) (net.Listener, error) { return net.Listen(network, cfg.Addr) }),
+		kfake.ListenFn(func(network, _ string) (net.Listener, error) {
+			l, err := net.Listen(network, cfg.Addr)
+			if err != nil {
+				return nil, err
+			}
+			return idleListener{Listener: l, timeout: cfg.IdleTimeout}, nil
+		}),
 		kfake.ClusterID("devbroker"),
 		kfake.SeedTopics(int32(cfg.Partitions), cfg.Topic),
 		kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(cfg.MessageMaxBytes)}),

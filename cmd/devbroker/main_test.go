@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"context"
 	"net"
 	"sync"
@@ -95,4 +96,32 @@ func freePort(t *testing.T) string {
 	_, port, err := net.SplitHostPort(l.Addr().String())
 	require.NoError(t, err)
 	return port
+}
+
+// TestDevBrokerClosesIdleConnections: a connection that sends nothing is
+// closed after DEVBROKER_IDLE_TIMEOUT, so abandoned connections do not pile
+// up; a client that keeps talking is not affected, and one whose
+// connection was closed reconnects on its next request.
+func TestDevBrokerClosesIdleConnections(t *testing.T) {
+	t.Parallel()
+	addr, _ := start(t, map[string]string{"DEVBROKER_ADDR": "127.0.0.1:" + freePort(t), "DEVBROKER_IDLE_TIMEOUT": "1s"})
+
+	idle, err := net.Dial("tcp", addr)
+	require.NoError(t, err)
+	defer idle.Close()
+	require.NoError(t, idle.SetReadDeadline(time.Now().Add(10*time.Second)))
+	start := time.Now()
+	_, err = idle.Read(make([]byte, 1))
+	require.Error(t, err, "the broker closes a silent connection")
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "closed by the broker, not timed out here: %v", err)
+	require.Less(t, time.Since(start), 9*time.Second)
+
+	cl, err := kgo.NewClient(kgo.SeedBrokers(addr), kgo.DefaultProduceTopic("orders.events"))
+	require.NoError(t, err)
+	defer cl.Close()
+	for range 3 {
+		require.NoError(t, cl.ProduceSync(context.Background(), &kgo.Record{Value: []byte("x")}).FirstErr())
+		time.Sleep(1500 * time.Millisecond) // longer than the idle timeout: the next produce reconnects
+	}
 }
