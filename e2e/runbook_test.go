@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
@@ -239,6 +240,36 @@ func TestRunbookCommands(t *testing.T) {
 			check: func(t *testing.T, out string, _ map[string]string) { require.Contains(t, out, "notifier 1.3") },
 		},
 		"notifier-retry": {check: func(t *testing.T, out string, _ map[string]string) { require.Contains(t, out, "applied") }},
+		"notifier-forged": {
+			before: func(t *testing.T, env map[string]string) {
+				// A record at version 3 of an order nobody placed: held
+				// behind the versions that will never come.
+				order := uuid.NewString()
+				id := uuid.New()
+				produceRecord(t, c.broker, cloudevents.Record(topic, cloudevents.Event{
+					ID: id, Type: "order.shipped", Source: "urn:outboxref:orders", Time: time.Now(),
+					AggregateType: "order", AggregateID: order, AggregateVersion: 3, SchemaVersion: 1,
+					Data: fmt.Appendf(nil, `{"order_id": %q, "email": "bob@example.com", "shipped_at": "2026-01-01T00:00:00Z"}`, order),
+				}))
+				require.Eventually(t, func() bool {
+					var n int
+					_ = c.ndb.Pool.QueryRow(ctx, "SELECT count(*) FROM inbox_held_event WHERE event_id = $1", id).Scan(&n)
+					return n == 1
+				}, 30*time.Second, 100*time.Millisecond, "the forged record is held")
+				env["EVENT_ID"] = id.String()
+			},
+			check: func(t *testing.T, out string, env map[string]string) {
+				require.Contains(t, out, "VERDICT")
+				require.Contains(t, out, env["EVENT_ID"])
+			},
+		},
+		"notifier-drop": {check: func(t *testing.T, out string, env map[string]string) {
+			require.Contains(t, out, "dropped")
+			var state, by string
+			require.NoError(t, c.ndb.Pool.QueryRow(ctx, "SELECT state, rejected_by FROM inbox_held_event WHERE event_id = $1", env["EVENT_ID"]).Scan(&state, &by))
+			require.Equal(t, "rejected", state)
+			require.Equal(t, "ops", by)
+		}},
 		"emails": {
 			before: func(t *testing.T, env map[string]string) {
 				// A send whose connection dropped after DATA.
@@ -352,4 +383,13 @@ func outboxState(t *testing.T, c *chain, id uuid.UUID) string {
 	var s string
 	require.NoError(t, c.odb.Pool.QueryRow(context.Background(), "SELECT state FROM outbox WHERE event_id = $1", id).Scan(&s))
 	return s
+}
+
+// produceRecord writes one record to the topic and waits for the ack.
+func produceRecord(t *testing.T, broker string, r *kgo.Record) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(broker))
+	require.NoError(t, err)
+	defer cl.Close()
+	require.NoError(t, cl.ProduceSync(context.Background(), r).FirstErr())
 }

@@ -20,11 +20,21 @@
 // covers, held or arriving later, are handed to Covered rather than
 // applied, so effects that belong to the event itself (a notification) are
 // not lost. A different event claiming an already-owned version is a
-// conflict: recorded for an operator, counted, never applied. It also means
-// the producer's history forked from the one applied here (a restore of
-// its database, typically): with a source of truth to ask, the aggregate's
-// later versions are held rather than applied on top of the lost history,
-// and a resync replaces the local state with the producer's.
+// conflict: recorded for an operator, counted, never applied on arrival.
+// With a source of truth to ask, the aggregate's later versions are held
+// and a resync asks the source which event it wrote at that version (its
+// Snapshot.Events): if the local history is the source's, the newcomer was
+// an impostor and is rejected; if not (the producer's database was
+// restored, or an impostor came first), local state is replaced by the
+// source's snapshot and the genuine event's effects run once, as for a
+// covered event. Only the source's events take a place in the sequence
+// (C7): a late event at a version a snapshot placed, and a held event
+// beyond every version the source has, are judged by it too, and what the
+// source did not write is rejected and kept for an operator.
+//
+// Payloads are not trusted either: Schemas checks each against the JSON
+// Schema its producer publishes, as strict JSON, before the event may take
+// a version.
 //
 // The package knows nothing about the business domain: the service passes
 // its business change and effects as functions in Config. Its public API:
@@ -37,13 +47,19 @@
 //     ApplyFunc, BatchApplyFunc, EventError, RejectFunc, Snapshot,
 //     FetchFunc, SnapshotFunc;
 //   - DecodeRecord (the CloudEvents record written by the outbox relay),
-//     ParkRecord and ParkedHeader (poison records, stored losslessly);
+//     Schemas, NewSchemas and StrictJSON (payloads checked against the
+//     producer's JSON Schemas), ParkRecord and ParkedHeader (poison records,
+//     stored losslessly);
+//   - RejectConflict, RejectNotFound, RejectImpostor, RejectDropped (the
+//     reasons a RejectFunc is given);
 //   - for operators (O4): ParkedRecords, ParkedRecordByID, ParkedEvents,
-//     Conflicts, and Inbox.RetryParked with a DecodeFunc; ParkedRecord,
-//     ParkedListOptions, ParkedEvent, ConflictRecord, Retry, Resolution;
+//     HeldEvents, Conflicts, Inbox.RetryParked with a DecodeFunc and
+//     Inbox.DropHeld; ParkedRecord, ParkedListOptions, ParkedEvent,
+//     HeldEvent, ConflictRecord, Retry, Resolution;
 //   - IsTransient, CheckRetention, Migrations and MigrationLine;
-//   - errors ErrInvalidEvent, ErrNotFound, ErrRetentionTooShort,
-//     ErrParkedRecordNotFound, ErrAlreadyResolved.
+//   - errors ErrInvalidEvent, ErrUnknownType, ErrInvalidPayload,
+//     ErrNotFound, ErrRetentionTooShort, ErrParkedRecordNotFound,
+//     ErrAlreadyResolved, ErrHeldEventNotFound.
 package inbox
 
 import (
