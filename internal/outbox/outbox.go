@@ -49,6 +49,9 @@
 //   - Migrations, MigrationLine: the outbox table's migrations, a goose
 //     line of their own.
 //   - EnsureTopic: creates the relay's topic in the background (O3).
+//   - EventsOf, EventRef: which event_id the outbox wrote at each version
+//     of an aggregate, archived ones included: the producer's answer to a
+//     consumer that must tell its genuine events from forged ones (C7).
 //   - NewStatsCollector, StatsCollector: the backlog metrics (O1).
 //     NewRelay registers one itself; register your own only in a process
 //     that runs no relay.
