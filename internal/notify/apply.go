@@ -43,8 +43,9 @@ func NewProjector(log *slog.Logger) *Projector {
 // transaction, by the Sender.
 func (p *Projector) Apply(ctx context.Context, tx pgx.Tx, e inbox.Event) error {
 	if !isKnownType(e.Type) {
-		p.log.InfoContext(ctx, "event type not used by the notifier; version recorded, nothing to do", e.LogAttrs()...)
-		return nil
+		// The decoder parks such records before they reach the inbox: an
+		// unknown type must never take a version (C7).
+		return poison("event type %q is unknown to this notifier", e.Type)
 	}
 	orderID, err := uuid.Parse(e.AggregateID)
 	if err != nil {

@@ -33,8 +33,8 @@ func (p *Projector) ApplyBatch(ctx context.Context, tx pgx.Tx, events []inbox.Ev
 	first := map[uuid.UUID]int{} // an order's first event in the batch
 	for i, e := range events {
 		if !isKnownType(e.Type) {
-			p.log.InfoContext(ctx, "event type not used by the notifier; version recorded, nothing to do", e.LogAttrs()...)
-			continue
+			// Parked by the decoder before it gets here (C7), as in Apply.
+			return &inbox.EventError{Index: i, Err: poison("event type %q is unknown to this notifier", e.Type)}
 		}
 		orderID, err := uuid.Parse(e.AggregateID)
 		if err != nil {
