@@ -210,13 +210,17 @@ var ErrHeldEventNotFound = errors.New("inbox: no held or parked event with this 
 // and its bytes, marked rejected with the actor and reason; the consumer's
 // Rejected function runs with RejectDropped so that effects owed to it are
 // accounted for; and if nothing else is held, the aggregate's gap closes.
-// The caller audits and commits; call the returned function after the
-// commit to count the drop in the metrics.
-func (ib *Inbox) DropHeld(ctx context.Context, tx pgx.Tx, eventID uuid.UUID, actor, reason string) (Event, func(), error) {
+// The caller audits (Drop has the row's hashes before and after) and
+// commits; call Drop.Observe after the commit to count the drop in the
+// metrics.
+func (ib *Inbox) DropHeld(ctx context.Context, tx pgx.Tx, eventID uuid.UUID, actor, reason string) (Drop, error) {
 	if !storable(actor) || !storable(reason) {
-		return Event{}, nil, errors.New("drop held event: an actor and a reason are required")
+		return Drop{}, errors.New("drop held event: an actor and a reason are required")
 	}
 	q := inboxdb.New(tx)
+	if err := q.InboxRowHashSettings(ctx); err != nil {
+		return Drop{}, fmt.Errorf("drop held event %s: %w", eventID, err)
+	}
 	// The aggregate's lock first, as Process takes it, then the row again:
 	// under that lock nothing else changes it.
 	var h inboxdb.InboxHeldEvent
@@ -224,32 +228,53 @@ func (ib *Inbox) DropHeld(ctx context.Context, tx pgx.Tx, eventID uuid.UUID, act
 		var err error
 		if lock {
 			if _, err := q.InboxAggregateLock(ctx, inboxdb.InboxAggregateLockParams{AggregateType: h.AggregateType, AggregateID: h.AggregateID}); err != nil {
-				return Event{}, nil, fmt.Errorf("lock inbox aggregate: %w", err)
+				return Drop{}, fmt.Errorf("lock inbox aggregate: %w", err)
 			}
 		}
 		h, err = q.InboxHeldGet(ctx, eventID)
 		if errors.Is(err, pgx.ErrNoRows) || (err == nil && h.State == "rejected") {
-			return Event{}, nil, ErrHeldEventNotFound
+			return Drop{}, ErrHeldEventNotFound
 		}
 		if err != nil {
-			return Event{}, nil, fmt.Errorf("drop held event %s: %w", eventID, err)
+			return Drop{}, fmt.Errorf("drop held event %s: %w", eventID, err)
 		}
+	}
+	var out Drop
+	var err error
+	if out.BeforeSHA256, err = q.InboxHeldRowHash(ctx, eventID); err != nil {
+		return Drop{}, fmt.Errorf("hash held event: %w", err)
 	}
 	e := heldEvent(h)
 	if err := ib.rejectHeld(ctx, tx, q, e, "dropped by an operator: "+reason, &actor, RejectDropped); err != nil {
-		return Event{}, nil, err
+		return Drop{}, err
 	}
 	remaining, err := q.InboxHeldCountForAggregate(ctx, inboxdb.InboxHeldCountForAggregateParams{AggregateType: h.AggregateType, AggregateID: h.AggregateID})
 	if err != nil {
-		return Event{}, nil, fmt.Errorf("count held events: %w", err)
+		return Drop{}, fmt.Errorf("count held events: %w", err)
 	}
 	if remaining == 0 {
 		if err := q.InboxAggregateCloseGap(ctx, inboxdb.InboxAggregateCloseGapParams{AggregateType: h.AggregateType, AggregateID: h.AggregateID}); err != nil {
-			return Event{}, nil, fmt.Errorf("close gap: %w", err)
+			return Drop{}, fmt.Errorf("close gap: %w", err)
 		}
 	}
+	if out.AfterSHA256, err = q.InboxHeldRowHash(ctx, eventID); err != nil {
+		return Drop{}, fmt.Errorf("hash held event: %w", err)
+	}
 	e.Payload = nil
-	return e, func() { ib.metrics.Rejected.WithLabelValues(RejectDropped).Inc() }, nil
+	out.Event = e
+	out.Observe = func() { ib.metrics.Rejected.WithLabelValues(RejectDropped).Inc() }
+	return out, nil
+}
+
+// Drop is what DropHeld did.
+type Drop struct {
+	// Event is the dropped event, without its payload.
+	Event Event
+	// BeforeSHA256 and AfterSHA256 hash the held event's row as JSON
+	// before and after the drop, for the caller's audit trail.
+	BeforeSHA256, AfterSHA256 []byte
+	// Observe counts the drop; call it once the transaction committed.
+	Observe func()
 }
 
 // ParkedEvents lists parked and rejected held events, oldest first.

@@ -165,21 +165,23 @@ func (a *Admin) DropHeld(ctx context.Context, eventID uuid.UUID, actor, reason s
 		return DropResult{}, errors.New("drop held event: this Admin has no inbox")
 	}
 	var out DropResult
-	var observe func()
+	var d inbox.Drop
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		e, obs, err := a.inbox.DropHeld(ctx, tx, eventID, actor, reason)
-		if err != nil {
+		var err error
+		if d, err = a.inbox.DropHeld(ctx, tx, eventID, actor, reason); err != nil {
 			return err
 		}
-		out.Event, observe = e, obs
-		out.Audit, err = audit(ctx, tx, AuditEntry{Actor: actor, Action: ActionDropHeld, Target: "inbox_held_event/" + eventID.String(), Reason: reason},
+		e := d.Event
+		out.Event = e
+		out.Audit, err = audit(ctx, tx, AuditEntry{Actor: actor, Action: ActionDropHeld, Target: "inbox_held_event/" + eventID.String(), Reason: reason,
+			BeforeSHA256: d.BeforeSHA256, AfterSHA256: d.AfterSHA256},
 			map[string]string{"event_type": e.Type, "aggregate_id": e.AggregateID, "aggregate_version": fmt.Sprint(e.AggregateVersion)})
 		return err
 	})
 	if err != nil {
 		return DropResult{}, fmt.Errorf("drop held event %s: %w", eventID, err)
 	}
-	observe()
+	d.Observe()
 	a.log.InfoContext(ctx, "admin: held event dropped", append(out.Event.LogAttrs(), slog.String("actor", actor), slog.Int64("audit_id", out.Audit.ID))...)
 	return out, nil
 }

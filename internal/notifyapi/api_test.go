@@ -598,3 +598,45 @@ func TestRefusesHostileInput(t *testing.T) {
 	require.NoError(t, err, "1024 characters fit, whatever their bytes")
 	require.Equal(t, "sent", res.Email.State)
 }
+
+// TestHeldDrop: an operator lists held events and drops one for good,
+// audited with the row's hashes, and its email is recorded as skipped.
+func TestHeldDrop(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	ctx := context.Background()
+	order := uuid.New()
+	forged := inbox.Event{ID: uuid.New(), AggregateType: notify.AggregateType, AggregateID: order.String(), AggregateVersion: 6,
+		Type: notify.TypeShipped, SchemaVersion: 1, Time: time.Now(),
+		Payload: []byte(`{"order_id":"` + order.String() + `","email":"evil@evil.example","shipped_at":"2026-12-01T10:00:00Z"}`)}
+	res, err := w.ib.Handle(ctx, forged)
+	require.NoError(t, err)
+	require.Equal(t, inbox.Held, res.Outcome)
+
+	list, err := w.admin.Held(ctx, 0)
+	require.NoError(t, err)
+	require.Len(t, list.Events, 1)
+	require.Equal(t, forged.ID, list.Events[0].EventID)
+
+	_, err = w.admin.DropHeld(ctx, forged.ID, "")
+	requireProblem(t, err, http.StatusBadRequest)
+	hashBefore := w.rowHash(t, "SELECT sha256(convert_to(to_jsonb(h)::text, 'UTF8')) FROM inbox_held_event h WHERE event_id = $1", forged.ID)
+	dropped, err := w.admin.DropHeld(ctx, forged.ID, "INC-131: forged v6")
+	require.NoError(t, err)
+	require.Equal(t, int64(6), dropped.AggregateVersion)
+	requireAudit(t, w, "inbox_held_event/"+forged.ID.String(), "INC-131: forged v6",
+		"SELECT sha256(convert_to(to_jsonb(h)::text, 'UTF8')) FROM inbox_held_event h WHERE event_id = $1", forged.ID)
+	require.NotEqual(t, hashBefore, w.audit(t, "inbox_held_event/"+forged.ID.String())[0].AfterSha256)
+	require.Equal(t, 1, count(t, w.pool, "SELECT count(*) FROM email_send WHERE event_id = $1 AND state = 'skipped' AND skip_reason = 'dropped'", forged.ID))
+
+	_, err = w.admin.DropHeld(ctx, forged.ID, "again")
+	requireProblem(t, err, http.StatusNotFound)
+	list, err = w.admin.Held(ctx, 0)
+	require.NoError(t, err)
+	require.Empty(t, list.Events)
+	parked, err := w.admin.Parked(ctx, notifyapi.ParkedQuery{})
+	require.NoError(t, err)
+	require.Len(t, parked.Events, 1)
+	require.True(t, parked.Events[0].Rejected)
+	require.Equal(t, "ops", parked.Events[0].RejectedBy)
+}

@@ -961,6 +961,20 @@ func (q *Queries) InboxHeldReject(ctx context.Context, arg InboxHeldRejectParams
 	return i, err
 }
 
+const inboxHeldRowHash = `-- name: InboxHeldRowHash :one
+SELECT sha256(convert_to(to_jsonb(h)::text, 'UTF8'))::bytea AS row_sha256
+FROM inbox_held_event h WHERE event_id = $1
+`
+
+// The row as JSON, hashed, for an operator's audit trail (after
+// InboxRowHashSettings).
+func (q *Queries) InboxHeldRowHash(ctx context.Context, eventID uuid.UUID) ([]byte, error) {
+	row := q.db.QueryRow(ctx, inboxHeldRowHash, eventID)
+	var row_sha256 []byte
+	err := row.Scan(&row_sha256)
+	return row_sha256, err
+}
+
 const inboxHeldStats = `-- name: InboxHeldStats :one
 SELECT count(*) FILTER (WHERE state = 'held')   AS held,
        count(*) FILTER (WHERE state IN ('parked', 'rejected')) AS parked

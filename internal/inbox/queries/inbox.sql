@@ -159,6 +159,12 @@ WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
 -- the caller takes after this read and before reading again.
 SELECT * FROM inbox_held_event WHERE event_id = @event_id;
 
+-- name: InboxHeldRowHash :one
+-- The row as JSON, hashed, for an operator's audit trail (after
+-- InboxRowHashSettings).
+SELECT sha256(convert_to(to_jsonb(h)::text, 'UTF8'))::bytea AS row_sha256
+FROM inbox_held_event h WHERE event_id = @event_id;
+
 -- name: InboxHeldReject :one
 -- The source of truth does not own this event at its version, or an
 -- operator dropped it: it gives its version up and is kept, with the
