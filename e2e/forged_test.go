@@ -121,7 +121,9 @@ func TestForgedRecordsNeverTakeAnOrdersPlace(t *testing.T) {
 	}
 	waitLedgerState(impostor, "skipped/impostor")
 	waitLedgerState(beyond, "skipped/impostor")
-	require.Eventually(t, func() bool { return scrapeGauge(t, metrics, "inbox_gaps_overdue") == 0 && scrapeGauge(t, metrics, "inbox_held_events") == 0 },
+	require.Eventually(t, func() bool {
+		return scrapeGauge(t, metrics, "inbox_gaps_overdue") == 0 && scrapeGauge(t, metrics, "inbox_held_events") == 0
+	},
 		30*time.Second, 100*time.Millisecond, "nothing left waiting for ever")
 
 	// The real order b still pays and emails; no one else ever got mail.

@@ -291,6 +291,13 @@ func TestDisasterRecovery(t *testing.T) {
 	// was held until the resync and covered by it, or arrived after a
 	// resync that already held it, or after one that did not and applied.
 	forked := map[uuid.UUID]bool{find(history, a3, 2).eventID: true, find(history, a4, 3).eventID: true, find(history, a4, 4).eventID: true}
+	// An event that arrives for a version the resync's snapshot already
+	// placed waits for the next resync to be vouched for by the orders API.
+	waitFor(t, 30*time.Second, 100*time.Millisecond, "nothing is held any more", func() (bool, string) {
+		var held int
+		err := ndb.Pool.QueryRow(ctx, "SELECT count(*) FROM inbox_held_event WHERE state = 'held'").Scan(&held)
+		return err == nil && held == 0, fmt.Sprintf("%d held (error: %v)", held, err)
+	})
 	outcomes := processedOutcomes(t, ndb.Pool)
 	for id, e := range all {
 		want := []string{"applied"}
