@@ -162,7 +162,11 @@ RETURNING operation_key, event_id, order_id, event_type, event_time;
 -- sorts every due row for each claim. now(), not clock_timestamp(), bounds
 -- the index scan (a volatile bound is only a filter, and an idle worker
 -- would read every row waiting out a retry delay); in a statement of its
--- own, now() is the statement's start.
+-- own, now() is the statement's start. The sender runs it with sorting
+-- turned off (indexOrder in internal/notify/sender.go): with statistics
+-- from before a backlog, the indexes alone do not stop the planner from
+-- preferring a sort. The candidate not chosen stays locked only until this
+-- statement commits.
 UPDATE email_send
 SET state = 'sending', claim_token = @claim_token::uuid, claimed_by = @claimed_by::text,
     sending_since = clock_timestamp(), attempts = attempts + 1

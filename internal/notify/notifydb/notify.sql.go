@@ -172,7 +172,11 @@ type EmailSendClaimOneParams struct {
 // sorts every due row for each claim. now(), not clock_timestamp(), bounds
 // the index scan (a volatile bound is only a filter, and an idle worker
 // would read every row waiting out a retry delay); in a statement of its
-// own, now() is the statement's start.
+// own, now() is the statement's start. The sender runs it with sorting
+// turned off (indexOrder in internal/notify/sender.go): with statistics
+// from before a backlog, the indexes alone do not stop the planner from
+// preferring a sort. The candidate not chosen stays locked only until this
+// statement commits.
 func (q *Queries) EmailSendClaimOne(ctx context.Context, arg EmailSendClaimOneParams) (EmailSend, error) {
 	row := q.db.QueryRow(ctx, emailSendClaimOne,
 		arg.ClaimToken,
