@@ -317,3 +317,62 @@ func benchmarkSend(b *testing.B, workers int) {
 	require.Equal(b, b.N*n, len(srv.Accepted()), "every email sent once")
 	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "emails/s")
 }
+
+// BenchmarkSendBacklog drains a backlog of n emails and then one of 10n,
+// each on a fresh ledger whose statistics were taken while it was empty
+// (and stay so: autovacuum is off for it), as after an outage. Each email
+// is claimed, sent to the in-process SMTP server and recorded by 4
+// workers. It reports the time per email of each size and their ratio:
+// about 1 when a claim costs the same however long the backlog, about 10
+// when each claim reads the whole backlog. -short (make bench-smoke) runs
+// 100 and 1,000 emails, in a few seconds; the full run 3,000 and 30,000:
+//
+//	go test -run '^$' -bench BenchmarkSendBacklog -benchtime=1x ./internal/notify/
+func BenchmarkSendBacklog(b *testing.B) {
+	n := 3_000
+	if testing.Short() {
+		n = 100
+	}
+	var small, large time.Duration
+	for range b.N {
+		small += sendBacklog(b, n)
+		large += sendBacklog(b, 10*n)
+	}
+	perSmall := small / time.Duration(b.N*n)
+	perLarge := large / time.Duration(b.N*10*n)
+	b.ReportMetric(float64(perSmall.Microseconds()), fmt.Sprintf("µs/email@%d", n))
+	b.ReportMetric(float64(perLarge.Microseconds()), fmt.Sprintf("µs/email@%d", 10*n))
+	b.ReportMetric(float64(large)/float64(small), "time-ratio-10x")
+}
+
+// sendBacklog sends n emails from a fresh ledger and returns the time the
+// sender took, with the benchmark's timer running only meanwhile.
+func sendBacklog(b *testing.B, n int) time.Duration {
+	b.StopTimer()
+	const workers = 4
+	db := pgtest.New(b, migrations.Notifier()...)
+	pgtest.FreezeStats(b, db.Pool, "email_send")
+	srv := smtptest.Start(b)
+	mailer := &SMTPMailer{Addr: srv.Addr, HeloName: "notifier.test", Timeout: 5 * time.Second, TLS: TLSNone, MaxIdle: workers}
+	defer func() { _ = mailer.Close() }()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(b, err)
+	s := NewSender(db.Pool, mailer, SenderConfig{From: "orders@shop.test", PollInterval: time.Hour, SendingTimeout: time.Minute,
+		Workers: workers}, m, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	ctx := context.Background()
+	_, err = db.Pool.Exec(ctx, `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
+			aggregate_version, event_time, recipient, subject, body)
+		SELECT id::text, id, '<' || id::text || '>', gen_random_uuid(), 'order.placed', 1, clock_timestamp(),
+			'alice@example.com', 'Order received', 'Hello,' || chr(10) || 'thank you for your order.'
+		FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, $1)) g`, n)
+	require.NoError(b, err)
+	start := time.Now()
+	b.StartTimer()
+	sent, err := s.RunOnce(ctx)
+	b.StopTimer()
+	took := time.Since(start)
+	require.NoError(b, err)
+	require.Equal(b, n, sent)
+	require.Len(b, srv.Accepted(), n, "every email sent once")
+	return took
+}

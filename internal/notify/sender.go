@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -127,7 +128,16 @@ func (s *Sender) Nudge() {
 
 // Run sends until ctx is cancelled. A send in progress when ctx ends is
 // finished (it is bounded by the mailer's timeout) and its result recorded.
+//
+// Abandoned sends are swept on a timer of their own (SweepInterval), not
+// only when a pass begins: a pass lasts as long as the backlog it drains,
+// an hour for a large one, and a row left 'sending' by a dead instance
+// must become unknown (and alert) within about the sending timeout, not
+// after the backlog.
 func (s *Sender) Run(ctx context.Context) error {
+	var sweeper sync.WaitGroup
+	defer sweeper.Wait()
+	sweeper.Go(func() { s.sweepLoop(ctx) })
 	t := time.NewTicker(s.cfg.PollInterval)
 	defer t.Stop()
 	for {
@@ -143,10 +153,37 @@ func (s *Sender) Run(ctx context.Context) error {
 	}
 }
 
+// SweepInterval is how often Run looks for abandoned sends: a quarter of
+// the sending timeout, so a row is declared unknown at most a quarter of
+// the timeout late, but not more often than every 100ms (a test's short
+// timeout) nor less often than every minute (a long one).
+func (s *Sender) SweepInterval() time.Duration {
+	return min(max(s.cfg.SendingTimeout/4, 100*time.Millisecond), time.Minute)
+}
+
+// sweepLoop runs the stuck-send sweep every SweepInterval until ctx ends.
+// The sweep is one indexed UPDATE of the few 'sending' rows; several
+// instances sweeping at once agree, since a row is turned only while it is
+// still 'sending'.
+func (s *Sender) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(s.SweepInterval())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := s.sweepStuck(ctx); err != nil && ctx.Err() == nil {
+			s.log.ErrorContext(ctx, "email sender: stuck-send sweep failed; retrying at the next interval", slog.String("error", err.Error()))
+		}
+	}
+}
+
 // RunOnce does one pass over the ledger: it turns abandoned sends into
-// unknown, skips emails that became stale before they could be sent, then
-// sends due rows one claim at a time, Workers at once, until none is due
-// or ctx ends. It
+// unknown (as Run's timer also does while the pass lasts), skips emails
+// that became stale before they could be sent, then sends due rows one
+// claim at a time, Workers at once, until none is due or ctx ends. It
 // returns how many rows it sent (whatever their outcome).
 func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	if err := s.sweepStuck(ctx); err != nil {
@@ -199,7 +236,7 @@ func (s *Sender) sendNext(ctx context.Context, worker int) (bool, error) {
 	// stopping sender gives the row back instead of starting the send.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	row, err := notifydb.New(s.pool).EmailSendClaimOne(cctx, notifydb.EmailSendClaimOneParams{
+	row, err := notifydb.New(indexOrder{s.pool}).EmailSendClaimOne(cctx, notifydb.EmailSendClaimOneParams{
 		ClaimToken: token, ClaimedBy: s.cfg.Owner, ResendUnknown: s.cfg.Policy == PolicyResend,
 		MaxAttempts: int32(s.cfg.MaxAttempts), Workers: int32(s.cfg.Workers), Worker: int32(worker),
 	})
@@ -461,7 +498,7 @@ func CleanupLedger(ctx context.Context, pool *pgxpool.Pool, ttl time.Duration, b
 		}
 	}()
 	for {
-		n, err := q.EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize)})
+		n, err := notifydb.New(indexOrder{conn}).EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize)})
 		if err != nil {
 			return total, fmt.Errorf("clean up finished emails: %w", err)
 		}
@@ -509,3 +546,105 @@ func ResolveEmail(ctx context.Context, db notifydb.DBTX, operationKey, resolutio
 	}
 	return nil
 }
+
+// indexOrder runs each statement of the generated queries with sorting
+// discouraged: in one round trip, a set_config of enable_sort = off (and
+// jit = off, see preferIndexOrder) local to the statement's transaction (a pipeline up to its Sync is one implicit
+// transaction), then the statement itself. The sender's claim and the
+// ledger cleanup go through it, so that the plan that walks their index in
+// the ORDER BY's order (email_send_pending_due_idx and the others) is the
+// one taken whatever the planner's statistics say.
+//
+// The index alone is not enough. Statistics taken before a backlog say
+// that almost no row is pending; the planner then expects the claim to
+// find one row at most, and to it reading that row through the index in
+// order or fetching "all" matching rows with a bitmap scan and sorting
+// them costs the same, and the bitmap scan is a little cheaper. On the
+// real backlog that plan reads and sorts every due row to send one email.
+// With sorting discouraged, the walk in index order is the only plan left
+// that does not sort; where a sort cannot be avoided the planner still
+// sorts, so no statement fails for it.
+type indexOrder struct {
+	db interface {
+		SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	}
+}
+
+// preferIndexOrder is sent before each statement indexOrder runs. The
+// planner discourages a sort by adding a huge constant to its cost, which
+// puts every plan that keeps one (the claim's merge of its two candidates)
+// far above jit_above_cost: JIT is turned off with it, or each claim would
+// be compiled first (170ms, measured, for a statement that takes 1ms).
+const preferIndexOrder = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
+
+func (d indexOrder) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+	b := &pgx.Batch{}
+	b.Queue(preferIndexOrder)
+	b.Queue(sql, args...)
+	br := d.db.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return br, nil
+}
+
+// Exec runs a statement that returns no rows.
+func (d indexOrder) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	br, err := d.send(ctx, sql, args)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := br.Exec()
+	return tag, errors.Join(err, br.Close())
+}
+
+// Query runs a statement that returns rows; closing them ends the batch.
+func (d indexOrder) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	br, err := d.send(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return batchRows{Rows: rows, br: br}, nil
+}
+
+// QueryRow runs a statement that returns at most one row.
+func (d indexOrder) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	br, err := d.send(ctx, sql, args)
+	if err != nil {
+		return errRow{err}
+	}
+	return batchRow{row: br.QueryRow(), br: br}
+}
+
+type batchRows struct {
+	pgx.Rows
+	br pgx.BatchResults
+}
+
+func (r batchRows) Close() {
+	r.Rows.Close()
+	_ = r.br.Close()
+}
+
+type batchRow struct {
+	row pgx.Row
+	br  pgx.BatchResults
+}
+
+func (r batchRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }

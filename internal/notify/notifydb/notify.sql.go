@@ -122,14 +122,25 @@ UPDATE email_send
 SET state = 'sending', claim_token = $1::uuid, claimed_by = $2::text,
     sending_since = clock_timestamp(), attempts = attempts + 1
 WHERE operation_key = (
-    SELECT e.operation_key FROM email_send e
-    WHERE e.next_attempt_at <= clock_timestamp()
-      AND (e.state = 'pending'
-           OR (e.state = 'unknown' AND $3::boolean AND e.attempts < $4::integer))
-      AND get_byte(uuid_send(e.order_id), 15) % $5::integer = $6::integer
-    ORDER BY e.next_attempt_at, e.operation_key
+    SELECT c.operation_key
+    -- Each branch is a subquery of its own: a locking clause is not allowed
+    -- directly in a UNION's branches.
+    FROM (SELECT operation_key, next_attempt_at FROM (SELECT e.operation_key, e.next_attempt_at FROM email_send e
+                         WHERE e.state = 'pending' AND e.next_attempt_at <= now()
+                           AND get_byte(uuid_send(e.order_id), 15) % $3::integer = $4::integer
+                         ORDER BY e.next_attempt_at, e.operation_key
+                         LIMIT 1
+                         FOR UPDATE SKIP LOCKED) p
+          UNION ALL
+          SELECT operation_key, next_attempt_at FROM (SELECT e.operation_key, e.next_attempt_at FROM email_send e
+                         WHERE e.state = 'unknown' AND $5::boolean AND e.attempts < $6::integer
+                           AND e.next_attempt_at <= now()
+                           AND get_byte(uuid_send(e.order_id), 15) % $3::integer = $4::integer
+                         ORDER BY e.next_attempt_at, e.operation_key
+                         LIMIT 1
+                         FOR UPDATE SKIP LOCKED) u) c
+    ORDER BY c.next_attempt_at, c.operation_key
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
 )
 RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason, traceparent, tracestate
 `
@@ -137,10 +148,10 @@ RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, 
 type EmailSendClaimOneParams struct {
 	ClaimToken    uuid.UUID
 	ClaimedBy     string
-	ResendUnknown bool
-	MaxAttempts   int32
 	Workers       int32
 	Worker        int32
+	ResendUnknown bool
+	MaxAttempts   int32
 }
 
 // Claims the next due row in a short transaction of its own; the send
@@ -151,14 +162,29 @@ type EmailSendClaimOneParams struct {
 // with several workers gives each its share of the orders (by the last byte
 // of the order id, which is random), so one order's emails still go out one
 // after the other, in the order they were written, as with one worker.
+//
+// Each state is read from its own index, in the order of the ORDER BY
+// (email_send_pending_due_idx, email_send_unknown_due_idx), and each branch
+// stops at its first row of this worker's share: the two candidates are
+// compared and the earlier one is claimed. Written as one scan with
+// "state = 'pending' OR state = 'unknown'", the planner must merge two
+// states and sorts; with statistics from before a backlog it reads and
+// sorts every due row for each claim. now(), not clock_timestamp(), bounds
+// the index scan (a volatile bound is only a filter, and an idle worker
+// would read every row waiting out a retry delay); in a statement of its
+// own, now() is the statement's start. The sender runs it with sorting
+// turned off (indexOrder in internal/notify/sender.go): with statistics
+// from before a backlog, the indexes alone do not stop the planner from
+// preferring a sort. The candidate not chosen stays locked only until this
+// statement commits.
 func (q *Queries) EmailSendClaimOne(ctx context.Context, arg EmailSendClaimOneParams) (EmailSend, error) {
 	row := q.db.QueryRow(ctx, emailSendClaimOne,
 		arg.ClaimToken,
 		arg.ClaimedBy,
-		arg.ResendUnknown,
-		arg.MaxAttempts,
 		arg.Workers,
 		arg.Worker,
+		arg.ResendUnknown,
+		arg.MaxAttempts,
 	)
 	var i EmailSend
 	err := row.Scan(
@@ -873,7 +899,7 @@ const emailSendSkipStale = `-- name: EmailSendSkipStale :many
 UPDATE email_send
 SET state = 'skipped', skip_reason = 'stale'
 WHERE state = 'pending' AND attempts = 0
-  AND event_time < clock_timestamp() - make_interval(secs => $1::float8)
+  AND event_time < now() - make_interval(secs => $1::float8)
 RETURNING operation_key, event_id, order_id, event_type, event_time
 `
 
@@ -889,7 +915,8 @@ type EmailSendSkipStaleRow struct {
 // maximum age are skipped, never sent: a consumer group starting at the
 // beginning of a long topic must not email its whole history. Only rows
 // never attempted: an email that was tried in time and is being retried
-// is not stale.
+// is not stale. Read from email_send_never_attempted_idx: only the rows it
+// skips, however long the backlog (now() bounds the scan; see the claim).
 func (q *Queries) EmailSendSkipStale(ctx context.Context, maxAgeSeconds float64) ([]EmailSendSkipStaleRow, error) {
 	rows, err := q.db.Query(ctx, emailSendSkipStale, maxAgeSeconds)
 	if err != nil {
