@@ -62,3 +62,10 @@ func (r *Relay) ClaimAndConfirm(ctx context.Context) (int, error) {
 	}
 	return len(batch), err
 }
+
+// ClaimInIndexOrder is what the relay sets in its claim transaction before
+// the claim, for the plan test.
+const ClaimInIndexOrder = claimInIndexOrder
+
+// CleanupInIndexOrder is what the cleanup sets in its session.
+const CleanupInIndexOrder = cleanupInIndexOrder

@@ -68,6 +68,18 @@ func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
 			_ = conn.Conn().Close(context.WithoutCancel(ctx)) // ending the session releases the lock
 		}
 	}()
+	// Each batch is read in its index's order whatever the statistics say
+	// (see claimInIndexOrder), for this session until the run ends.
+	if _, err := conn.Exec(ctx, cleanupInIndexOrder); err != nil {
+		return 0, fmt.Errorf("outbox cleanup: %w", err)
+	}
+	defer func() {
+		if _, err := conn.Exec(context.WithoutCancel(ctx), "RESET enable_sort"); err != nil {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		} else if _, err := conn.Exec(context.WithoutCancel(ctx), "RESET jit"); err != nil {
+			_ = conn.Conn().Close(context.WithoutCancel(ctx))
+		}
+	}()
 	var total int64
 	// The cursor starts before every row: the zero uuid and the earliest
 	// time PostgreSQL stores.
@@ -114,6 +126,9 @@ func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
 		}
 	}
 }
+
+// cleanupInIndexOrder is claimInIndexOrder for the cleanup's session.
+const cleanupInIndexOrder = "SELECT set_config('enable_sort', 'off', false), set_config('jit', 'off', false)"
 
 // pause waits d between two batches, or until ctx ends.
 func pause(ctx context.Context, d time.Duration) error {

@@ -544,12 +544,15 @@ func (q *Queries) InboxConflictResolve(ctx context.Context, arg InboxConflictRes
 
 const inboxGapsDue = `-- name: InboxGapsDue :many
 SELECT aggregate_type, aggregate_id, last_version, gap_since, resync_after, resync_attempts, last_resync_error, updated_at, diverged_at, diverged_from FROM inbox_aggregate
-WHERE resync_after <= clock_timestamp()
+WHERE resync_after <= now()
 ORDER BY resync_after
 LIMIT $1
 `
 
-// Aggregates whose gap outlived its window.
+// Aggregates whose gap outlived its window, the most overdue first. now(),
+// not clock_timestamp(): a stable bound is an index condition, so the scan
+// of inbox_aggregate_resync_due_idx stops at the first gap not yet due
+// instead of filtering every scheduled one.
 func (q *Queries) InboxGapsDue(ctx context.Context, rowLimit int32) ([]InboxAggregate, error) {
 	rows, err := q.db.Query(ctx, inboxGapsDue, rowLimit)
 	if err != nil {

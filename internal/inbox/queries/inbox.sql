@@ -80,9 +80,12 @@ SET resync_after      = clock_timestamp() + make_interval(secs => @retry_seconds
 WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
 
 -- name: InboxGapsDue :many
--- Aggregates whose gap outlived its window.
+-- Aggregates whose gap outlived its window, the most overdue first. now(),
+-- not clock_timestamp(): a stable bound is an index condition, so the scan
+-- of inbox_aggregate_resync_due_idx stops at the first gap not yet due
+-- instead of filtering every scheduled one.
 SELECT * FROM inbox_aggregate
-WHERE resync_after <= clock_timestamp()
+WHERE resync_after <= now()
 ORDER BY resync_after
 LIMIT @row_limit;
 

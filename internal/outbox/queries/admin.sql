@@ -209,7 +209,10 @@ WITH moved AS (
     WHERE o.event_id IN (
         SELECT d.event_id FROM outbox d
         WHERE d.state = 'delivered'
-          AND d.delivered_at < clock_timestamp() - make_interval(secs => @retention_seconds::float8)
+          -- now(), not clock_timestamp(): a stable cutoff is an index
+          -- condition, so the last batch stops at it instead of reading
+          -- every delivered row still within the retention.
+          AND d.delivered_at < now() - make_interval(secs => @retention_seconds::float8)
           AND (d.delivered_at, d.event_id) > (@after_delivered_at::timestamptz, @after_event_id::uuid)
         ORDER BY d.delivered_at, d.event_id
         LIMIT @batch_size

@@ -93,8 +93,11 @@ ORDER BY sent_at DESC
 LIMIT @row_limit;
 
 -- name: DirectLogCleanup :execrows
--- The direct path's log older than the retention, one batch.
+-- The direct path's log older than the retention, one batch, oldest first.
+-- The batch's rows are deleted by their physical address (ctid), read from
+-- outbox_direct_log_sent_idx: a join back on event_id can be planned as a
+-- scan of the whole log when the statistics are old.
 DELETE FROM outbox_direct_log
-WHERE event_id IN (SELECT d.event_id FROM outbox_direct_log d
-                   WHERE d.sent_at < @sent_before::timestamptz
-                   ORDER BY d.sent_at LIMIT @batch_size::integer);
+WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM outbox_direct_log d
+                        WHERE d.sent_at < @sent_before::timestamptz
+                        ORDER BY d.sent_at LIMIT @batch_size::integer));
