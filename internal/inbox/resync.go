@@ -60,13 +60,17 @@ type FetchFunc func(ctx context.Context, aggregateType, aggregateID string) (Sna
 // SnapshotFunc replaces the local state of the aggregate inside tx.
 type SnapshotFunc func(ctx context.Context, tx pgx.Tx, s Snapshot) error
 
-// ResyncDue resolves up to limit aggregates whose gap outlived the window:
-// it alerts (log and the inbox_gaps_overdue gauge), fetches a snapshot,
-// continues from the snapshot's version and applies the held events that
-// still follow it. Held events the snapshot covers are handed to Covered
-// (their own effects still happen), never applied: local state never moves
-// backwards. A snapshot that is not ahead of local state, or a failed
-// fetch, is retried after ResyncRetry. It returns the events whose Apply or
+// ResyncDue resolves up to limit aggregates whose gap outlived the window,
+// or whose events' place is in doubt (a conflict, a late event at a placed
+// version): it alerts (log and the inbox_gaps_overdue gauge), fetches a
+// snapshot, continues from the snapshot's version and applies the held
+// events that still follow it. Held events the snapshot covers are handed
+// to Covered (their own effects still happen), never applied: local state
+// never moves backwards. With the source's event ids (Snapshot.Events),
+// only its own events are covered or applied; the others, and held events
+// beyond every version the source has, are rejected (C7). A failed fetch,
+// or a snapshot of a forked aggregate that has not reached the fork yet,
+// is retried after ResyncRetry. It returns the events whose Apply or
 // Covered ran, for callers that react to new work.
 func (ib *Inbox) ResyncDue(ctx context.Context, limit int) ([]Event, error) {
 	if ib.cfg.Fetch == nil {
