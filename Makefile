@@ -5,6 +5,8 @@ SQLC_VERSION := v1.31.1
 GOBIN        ?= $(shell go env GOPATH)/bin
 SQLC         := $(GOBIN)/sqlc
 GO_TEST_FLAGS ?= -race -count=1 -timeout 25m
+# The Mailpit that make demo runs and the web UI test loads (scripts/demo.env).
+MAILPIT_VERSION := $(shell sed -n 's/^MAILPIT_VERSION=//p' scripts/demo.env)
 
 .DEFAULT_GOAL := help
 
@@ -17,14 +19,23 @@ demo: ## Run the whole demo locally: dev broker, orders API + relay, notifier, M
 	./scripts/demo.sh
 
 .PHONY: test
-test: lint sqlc-check ## Lint, check generated code, run every test with the race detector, fuzz each decoder briefly, run every benchmark once on tiny inputs.
+test: lint sqlc-check test-tools ## Lint, check generated code, run every test with the race detector, fuzz each decoder briefly, run every benchmark once on tiny inputs.
 	go test $(GO_TEST_FLAGS) ./...
 	$(MAKE) fuzz FUZZTIME=5s
 	$(MAKE) bench-smoke
 
 .PHONY: test-short
-test-short: ## Run the tests without the race detector (quicker feedback).
+test-short: test-tools ## Run the tests without the race detector (quicker feedback).
 	go test -count=1 ./...
+
+# Before the tests rather than inside them, so that the Mailpit build (npm
+# and Go, about a minute the first time, then cached in .demo/bin) does not
+# compete with the test packages for the CPU and the test's own call finds
+# it done. Chromium is Debian's package (root needed when it is missing).
+.PHONY: test-tools
+test-tools: ## Install Chromium and build the demo's Mailpit with its web UI, for the web UI test.
+	./scripts/install-chromium.sh
+	./scripts/build-mailpit.sh $(MAILPIT_VERSION) >/dev/null
 
 .PHONY: lint
 lint: ## gofmt and go vet (and golangci-lint when installed; see .golangci.yaml).

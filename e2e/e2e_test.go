@@ -74,9 +74,15 @@ type proc struct {
 	done chan struct{}
 }
 
+// start runs one of the binaries TestMain built, or (name is an absolute
+// path) another program, such as the demo's Mailpit.
 func start(t *testing.T, name string, env map[string]string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(binDir, name), args...)
+	bin := filepath.Join(binDir, name)
+	if filepath.IsAbs(name) {
+		bin, name = name, filepath.Base(name)
+	}
+	cmd := exec.Command(bin, args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs the whole chain on this machine: a dev Kafka broker, the orders
 # service (API + embedded relay), the notifier and Mailpit (an SMTP server
-# with an API listing what it received). It needs Go and a PostgreSQL
-# server (DEMO_PG, default postgres://postgres@127.0.0.1:$PG_PORT).
+# with a web UI and an API listing what it received). It needs Go, Node.js
+# and npm (to build Mailpit's web UI, once: scripts/build-mailpit.sh) and a
+# PostgreSQL server (DEMO_PG, default postgres://postgres@127.0.0.1:$PG_PORT).
 # Defaults are in scripts/demo.env; the environment overrides them.
 #
-# Ctrl-C stops everything. Kept in .demo/: the binaries, the logs, the
+# Ctrl-C stops everything and exits 0: it is how a demo ends, not an
+# error. Kept in .demo/: the binaries, the logs, the
 # broker's topic and Mailpit's messages; the orders and notifier databases
 # stay in PostgreSQL. .demo/NAME.pid names each service's current process.
 set -euo pipefail
@@ -45,7 +47,8 @@ fi
 mkdir -p "$state/bin" "$state/logs" "$state/kafka"
 echo "building binaries into $state/bin"
 go build -o "$state/bin/" ./cmd/...
-mailpit=$(scripts/install-mailpit.sh "$MAILPIT_VERSION")
+# The build prints its own error (and leaves no binary) when it fails.
+mailpit=$(scripts/build-mailpit.sh "$MAILPIT_VERSION")
 
 pids=()
 rm -f "$state/stopping"
@@ -66,7 +69,10 @@ cleanup() {
   done
   rm -f "$state/stopping"
 }
-trap 'cleanup; exit 130' INT
+# Ctrl-C is the way to stop the demo, so it exits 0 (make would otherwise
+# end it with "Error 130"); TERM and HUP come from elsewhere and keep the
+# conventional 128+signal status.
+trap 'cleanup; exit 0' INT
 trap 'cleanup; exit 143' TERM
 trap 'cleanup; exit 129' HUP
 trap cleanup EXIT
@@ -147,7 +153,7 @@ cat <<MSG
 The demo is running.
   Orders API     http://127.0.0.1:$ORDERS_PORT   (tokens: dev-alice, dev-bob, dev-ops, dev-ops2, dev-notifier)
   Notifier       http://127.0.0.1:$NOTIFIER_PORT/metrics
-  Emails         http://127.0.0.1:$MAIL_UI_PORT/api/v1/messages   (Mailpit; SMTP on 127.0.0.1:$SMTP_PORT)
+  Emails         http://127.0.0.1:$MAIL_UI_PORT   (Mailpit's web UI; API /api/v1/messages; SMTP on 127.0.0.1:$SMTP_PORT)
   Kafka          $BROKER, topic $ORDERS_TOPIC
   Logs           $state/logs/
   Processes      $state/*.pid
