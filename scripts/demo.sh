@@ -7,9 +7,9 @@
 # Defaults are in scripts/demo.env; the environment overrides them.
 #
 # Ctrl-C stops everything and exits 0: it is how a demo ends, not an
-# error. Kept in .demo/: the binaries, the logs, the
-# broker's topic and Mailpit's messages; the orders and notifier databases
-# stay in PostgreSQL. .demo/NAME.pid names each service's current process.
+# error. Kept in .demo/: the binaries, the logs, the broker's topic and
+# Mailpit's messages; the orders and notifier databases stay in
+# PostgreSQL. .demo/NAME.pid names each service's current process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
