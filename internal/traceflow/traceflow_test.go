@@ -337,16 +337,21 @@ func TestResyncCallJoinsTrace(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 1, snap.Version)
 
-	spans := spansOf(t, resync.SpanContext().TraceID(), "resync", "GET /orders/{id}")
-	server := spans["GET /orders/{id}"]
-	require.Equal(t, trace.SpanKindServer, server.SpanKind())
-	var client sdktrace.ReadOnlySpan
-	for _, s := range spans {
-		if s.SpanKind() == trace.SpanKindClient {
-			client = s
+	// The resync reads the order and then which event owns each version
+	// (C7): two requests, each in a client span of its own.
+	spans := spansOf(t, resync.SpanContext().TraceID(), "resync", "GET /orders/{id}", "GET /orders/{id}/events")
+	byID := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	for _, s := range recorder.Ended() {
+		if s.SpanContext().TraceID() == resync.SpanContext().TraceID() {
+			byID[s.SpanContext().SpanID()] = s
 		}
 	}
-	require.NotNil(t, client, "the request ran in a client span")
-	require.Equal(t, resync.SpanContext().SpanID(), client.Parent().SpanID())
-	require.Equal(t, client.SpanContext().SpanID(), server.Parent().SpanID(), "the API's server span is the client span's child")
+	for _, name := range []string{"GET /orders/{id}", "GET /orders/{id}/events"} {
+		server := spans[name]
+		require.Equal(t, trace.SpanKindServer, server.SpanKind(), name)
+		client := byID[server.Parent().SpanID()]
+		require.NotNil(t, client, "%s: the API's server span is a child of the notifier's request", name)
+		require.Equal(t, trace.SpanKindClient, client.SpanKind(), "%s: the request ran in a client span", name)
+		require.Equal(t, resync.SpanContext().SpanID(), client.Parent().SpanID(), "%s: the client span is the resync's child", name)
+	}
 }
