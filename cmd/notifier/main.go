@@ -22,7 +22,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/healthcheck"
 	"github.com/outboxref/orders/internal/migrate"
 )
@@ -85,5 +85,5 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 }
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	return migrate.Command(ctx, args, loadMigrateConfig(getenv), migrations.Notifier(), stdout)
+	return migrate.Command(ctx, args, loadMigrateConfig(getenv), schema.Notifier(), stdout)
 }

@@ -21,7 +21,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/notify"
 	"github.com/outboxref/orders/internal/notify/smtptest"
@@ -408,9 +408,9 @@ func ptr[T any](v T) *T { return &v }
 // status, which follows the database and the schema.
 func TestReadyzReportsConsumer(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Notifier()...)
+	db := pgtest.New(t, schema.Notifier()...)
 	h := notify.Health{Degraded: "since 2026-01-01T00:00:00Z: database unreachable", Stalled: []string{"orders.events/3 (lag 7, …)"}}
-	srv := httptest.NewServer(newHandler(db.Pool, prometheus.NewRegistry(), migrate.NewSchemaCheck(db.Pool, migrations.Notifier()),
+	srv := httptest.NewServer(newHandler(db.Pool, prometheus.NewRegistry(), migrate.NewSchemaCheck(db.Pool, schema.Notifier()),
 		func() notify.Health { return h }))
 	defer srv.Close()
 	res, err := http.Get(srv.URL + "/readyz")

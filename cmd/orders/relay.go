@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/outbox"
@@ -93,7 +93,7 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 	if err != nil {
 		return err
 	}
-	schema := migrate.NewSchemaCheck(pool, migrations.Orders())
+	schemaCheck := migrate.NewSchemaCheck(pool, schema.Orders())
 
 	// This process also continues the replays a stopped process left
 	// (interrupted, or running on a dead runner's lease): a replay
@@ -112,14 +112,14 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 		replays.stopReplays(wctx)
 	}()
 	go func() {
-		if schema.Wait(replaysCtx, 2*time.Second, func(error) {}) == nil {
+		if schemaCheck.Wait(replaysCtx, 2*time.Second, func(error) {}) == nil {
 			replays.resumeReplays(replaysCtx)
 		}
 	}()
 
 	relayDone := make(chan error, 1)
 	go func() {
-		if err := waitForSchema(relayCtx, schema, log); err != nil {
+		if err := waitForSchema(relayCtx, schemaCheck, log); err != nil {
 			relayDone <- nil
 			return
 		}
@@ -128,7 +128,7 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 
 	srv := &http.Server{
 		Addr:              cfg.Relay.MetricsAddr,
-		Handler:           relayMux(reg, pool, schema),
+		Handler:           relayMux(reg, pool, schemaCheck),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -174,7 +174,7 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 // relayMux serves the relay-only process's operations endpoints. Readiness
 // reflects the database only: a broker outage is what the outbox absorbs,
 // and it shows in the metrics (O3).
-func relayMux(reg *prometheus.Registry, pool *pgxpool.Pool, schema *migrate.SchemaCheck) http.Handler {
+func relayMux(reg *prometheus.Registry, pool *pgxpool.Pool, schemaCheck *migrate.SchemaCheck) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -188,7 +188,7 @@ func relayMux(reg *prometheus.Registry, pool *pgxpool.Pool, schema *migrate.Sche
 			http.Error(w, "database unavailable", http.StatusServiceUnavailable)
 			return
 		}
-		if err := schema.Check(ctx); err != nil {
+		if err := schemaCheck.Check(ctx); err != nil {
 			http.Error(w, "schema: "+err.Error()+"; run `orders migrate`", http.StatusServiceUnavailable)
 			return
 		}

@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/pgtest"
 	"github.com/outboxref/orders/internal/testlog"
 )
@@ -102,7 +102,7 @@ func TestStartRelayCreatesTopicInBackground(t *testing.T) {
 // serves its operations endpoints, and stops cleanly on cancel.
 func TestRunRelayOnly(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Orders()...)
+	db := pgtest.New(t, schema.Orders()...)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	require.NoError(t, err)
 	defer c.Close()
