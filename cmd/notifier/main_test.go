@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
@@ -372,36 +371,6 @@ func metricSum(t *testing.T, base, prefix string) float64 {
 	}
 	return sum
 }
-
-// TestEmailsSkipped: `notifier emails skipped` lists the emails that were
-// never sent on purpose, with their event ids and reasons.
-func TestEmailsSkipped(t *testing.T) {
-	t.Parallel()
-	url := pgtest.Scratch(t, "notifier_cmd")
-	env := envFrom(map[string]string{"DATABASE_URL": url})
-	require.NoError(t, run(context.Background(), []string{"migrate"}, env, io.Discard))
-	conn, err := pgx.Connect(context.Background(), url)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
-	stale, conflict, sent := uuid.New(), uuid.New(), uuid.New()
-	for _, r := range []struct {
-		id     uuid.UUID
-		state  string
-		reason *string
-	}{{stale, "skipped", ptr("stale")}, {conflict, "skipped", ptr("conflict")}, {sent, "sent", nil}} {
-		_, err := conn.Exec(context.Background(), `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
-			recipient, subject, body, state, skip_reason) VALUES ($1, $2, $3, $4, 'order.placed', 'a@example.com', 's', 'b', $5, $6)`,
-			notify.OperationKey(r.id), r.id, notify.MessageID(r.id), uuid.New(), r.state, r.reason)
-		require.NoError(t, err)
-	}
-	var out bytes.Buffer
-	require.NoError(t, run(context.Background(), []string{"emails", "skipped"}, env, &out))
-	require.Regexp(t, stale.String()+`\s+order.placed\s+\S+\s+skipped\s+0\s+\S+\s+stale`, out.String())
-	require.Regexp(t, conflict.String()+`\s+order.placed\s+\S+\s+skipped\s+0\s+\S+\s+conflict`, out.String())
-	require.NotContains(t, out.String(), sent.String())
-}
-
-func ptr[T any](v T) *T { return &v }
 
 // TestReadyzReportsConsumer: /readyz carries the consumer's own view as
 // information (degraded, stalled partitions) without letting it decide the
