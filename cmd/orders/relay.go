@@ -98,11 +98,10 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 	// This process also continues the replays a stopped process left
 	// (interrupted, or running on a dead runner's lease): a replay
 	// resumes wherever a relay starts.
-	writer, err := outbox.NewWriter(orderEventTypes())
+	replays, err := newReplayer(cfg, pool, log)
 	if err != nil {
 		return err
 	}
-	replays := newReplayer(cfg, pool, writer, log)
 	defer replays.close()
 	replaysCtx, stopReplays := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {

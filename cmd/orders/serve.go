@@ -185,11 +185,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	// and the retention cleanup (O4-O6).
 	opsCtx, stopOps := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopOps()
-	writer, err := outbox.NewWriter(orderEventTypes())
-	if err != nil {
-		return err
-	}
-	ops, err := newOperations(opsCtx, cfg, pool, writer, log, reg)
+	ops, err := newOperations(opsCtx, cfg, pool, log, reg)
 	if err != nil {
 		return err
 	}
@@ -208,7 +204,9 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 			ops.resumeReplays(opsCtx)
 		}
 	}()
-	svc, err := orders.NewService(pool, orders.WithLogger(log), orders.WithNudge(nudge), orders.WithDirectPublisher(ops.directPublish))
+	// The commands write with the operations' Writer: one Writer per
+	// process, whose direct publisher is the legacy path of O7.
+	svc, err := orders.NewService(pool, orders.WithLogger(log), orders.WithNudge(nudge), orders.WithWriter(ops.writer))
 	if err != nil {
 		return err
 	}
