@@ -246,7 +246,7 @@ func (o *operations) client() (*kgo.Client, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.producer == nil {
-		conn, err := o.cfg.Kafka.connection().Options()
+		conn, err := o.cfg.Kafka.Conn.Options()
 		if err != nil {
 			return nil, err
 		}

@@ -27,7 +27,7 @@ import (
 // it succeeds: a missing broker never blocks start-up or readiness (O3),
 // since absorbing a broker outage is the outbox's job.
 func startRelay(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer, types []outbox.EventType) (*outbox.Relay, error) {
-	conn, err := cfg.Kafka.connection().Options()
+	conn, err := cfg.Kafka.Conn.Options()
 	if err != nil {
 		return nil, err
 	}

@@ -54,6 +54,12 @@ func TestRelayConfig(t *testing.T) {
 	c.print(&out)
 	require.NotContains(t, out.String(), "s3cret", "secrets are printed masked")
 	require.Contains(t, out.String(), "KAFKA_SASL_MECHANISM=SCRAM-SHA-512")
+
+	// The connection settings are checked by kafkaconf, as the notifier's are.
+	_, err = loadConfig(env("KAFKA_SASL_MECHANISM", "plain", "KAFKA_SASL_USERNAME", "relay"))
+	require.ErrorContains(t, err, "SASL mechanism PLAIN needs a username and a password")
+	_, err = loadConfig(env("KAFKA_SASL_MECHANISM", "GSSAPI"))
+	require.ErrorContains(t, err, `SASL mechanism "GSSAPI"`)
 }
 
 // TestStartRelayCreatesTopicInBackground (O3): building the relay does not
