@@ -452,10 +452,11 @@ func (s *Service) inTx(ctx context.Context, fn func(tx pgx.Tx, q *ordersdb.Queri
 	return nil
 }
 
-// beforeCommit marks a failure before COMMIT as ErrUnavailable when it is
-// the database's or the broker's passing trouble rather than the
-// command's: the transaction cannot have committed, so the caller may
-// simply retry. A cancelled request stays as it is.
+// markUnavailable marks a failure that cannot have committed anything (a
+// read, or a transaction's work before its COMMIT; inTx reports a failed
+// COMMIT as ErrCommitUnknown instead) as ErrUnavailable when it is the
+// database's or the broker's passing trouble rather than the command's,
+// so the caller may simply retry. A cancelled request stays as it is.
 func markUnavailable(ctx context.Context, err error) error {
 	if ctx.Err() != nil || !unavailable(err) {
 		return err
