@@ -30,7 +30,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/notify"
 	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/pgtest"
@@ -166,12 +166,12 @@ func newBroker(t *testing.T) string {
 
 func ordersDB(t *testing.T) *pgtest.DB {
 	t.Helper()
-	return pgtest.New(t, migrations.Orders()...)
+	return pgtest.New(t, schema.Orders()...)
 }
 
 func notifierDB(t *testing.T) *pgtest.DB {
 	t.Helper()
-	return pgtest.New(t, migrations.Notifier()...)
+	return pgtest.New(t, schema.Notifier()...)
 }
 
 func ordersEnv(db *pgtest.DB, httpAddr, broker string) map[string]string {

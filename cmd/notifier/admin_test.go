@@ -29,8 +29,9 @@ import (
 // notifier does not read is parked by the consumer, listed, shown, retried
 // in vain (still parked, exit status non-zero); a record parked by an
 // older notifier is retried and applied, and its email goes out; a
-// conflict is listed; an unknown email is resolved. Every write has its
-// audit row with the token's subject and the reason.
+// conflict is listed; an unknown email is resolved; skipped emails are
+// listed with their reasons. Every write has its audit row with the
+// token's subject and the reason.
 func TestAdminCLI(t *testing.T) {
 	t.Parallel()
 	w := newServeWorld(t)
@@ -175,6 +176,25 @@ func TestAdminCLI(t *testing.T) {
 		require.ErrorContains(t, err, "409 Conflict: only an unknown or failed email can be resolved")
 	})
 
+	t.Run("EmailsSkipped", func(t *testing.T) {
+		// Emails never sent on purpose are listed with their reasons.
+		stale, conflict, sent := uuid.New(), uuid.New(), uuid.New()
+		for _, r := range []struct {
+			id     uuid.UUID
+			state  string
+			reason *string
+		}{{stale, "skipped", ptr("stale")}, {conflict, "skipped", ptr("conflict")}, {sent, "sent", nil}} {
+			_, err := conn.Exec(ctx, `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
+				recipient, subject, body, state, skip_reason) VALUES ($1, $2, $3, $4, 'order.placed', 'a@example.com', 's', 'b', $5, $6)`,
+				notify.OperationKey(r.id), r.id, notify.MessageID(r.id), uuid.New(), r.state, r.reason)
+			require.NoError(t, err)
+		}
+		out := mustAdmin(t, "emails", "skipped")
+		require.Regexp(t, stale.String()+`\s+order.placed\s+\S+\s+skipped\s+0\s+\S+\s+stale`, out)
+		require.Regexp(t, conflict.String()+`\s+order.placed\s+\S+\s+skipped\s+0\s+\S+\s+conflict`, out)
+		require.NotContains(t, out, sent.String())
+	})
+
 	t.Run("Refused", func(t *testing.T) {
 		var out bytes.Buffer
 		err := run(ctx, []string{"admin", "parked"}, envFrom(map[string]string{"ADMIN_API_URL": s.base, "ADMIN_API_TOKEN": "cus"}), &out)
@@ -190,45 +210,7 @@ func TestAdminCLI(t *testing.T) {
 	})
 }
 
-// TestDeprecatedEmailCommands: `notifier emails` and `notifier
-// resolve-email` keep working for scripts (same output, straight on the
-// database), say on stderr that they are deprecated, and the resolution
-// is audited like any other, with the ACTOR given and a reason saying none
-// was. Not parallel: it swaps the package's stderr.
-func TestDeprecatedEmailCommands(t *testing.T) {
-	url := newServeWorld(t).dbURL
-	env := envFrom(map[string]string{"DATABASE_URL": url})
-	conn, err := pgx.Connect(context.Background(), url)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
-	eventID := uuid.New()
-	key := notify.OperationKey(eventID)
-	_, err = conn.Exec(context.Background(), `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type, recipient,
-		subject, body, state) VALUES ($1, $2, $3, $4, 'order.paid', 'a@example.com', 's', 'b', 'unknown')`,
-		key, eventID, notify.MessageID(eventID), uuid.New())
-	require.NoError(t, err)
-
-	var notices bytes.Buffer
-	saved := stderr
-	stderr = &notices
-	defer func() { stderr = saved }()
-
-	var out bytes.Buffer
-	require.NoError(t, run(context.Background(), []string{"emails"}, env, &out))
-	require.Regexp(t, key+`\s+`+eventID.String()+`\s+order.paid`, out.String())
-	require.Contains(t, notices.String(), "`notifier emails` is deprecated; use `notifier admin emails [STATE]`")
-	out.Reset()
-	require.NoError(t, run(context.Background(), []string{"resolve-email", key, "resend", "ops-script"}, env, &out))
-	require.Equal(t, "resolve-email: "+key+" marked resend by ops-script\n", out.String(), "the old output, for scripts")
-	require.Contains(t, notices.String(), "`notifier resolve-email` is deprecated; use `notifier admin resolve-email KEY sent|resend|failed --reason R`")
-
-	var actor, reason, state string
-	require.NoError(t, conn.QueryRow(context.Background(), `SELECT a.actor, a.reason, e.state FROM admin_audit a
-		JOIN email_send e ON a.target = 'email_send/' || e.operation_key WHERE e.operation_key = $1`, key).Scan(&actor, &reason, &state))
-	require.Equal(t, "ops-script", actor)
-	require.Equal(t, legacyReason, reason)
-	require.Equal(t, notify.StatePending, state)
-}
+func ptr[T any](v T) *T { return &v }
 
 func setHeader(r *kgo.Record, key, value string) {
 	for i, h := range r.Headers {

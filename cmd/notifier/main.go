@@ -8,9 +8,6 @@
 //	                                 and the admin API under /admin (AUTH_TOKENS)
 //	notifier admin COMMAND           a client of that admin API: parked records, conflicts,
 //	                                 retries, the send ledger (ADMIN_API_URL, ADMIN_API_TOKEN)
-//	notifier emails [STATE]          deprecated: notifier admin emails
-//	notifier resolve-email KEY RESOLUTION ACTOR
-//	                                 deprecated: notifier admin resolve-email
 package main
 
 import (
@@ -22,7 +19,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/healthcheck"
 	"github.com/outboxref/orders/internal/migrate"
 )
@@ -52,8 +49,6 @@ commands:
   migrate status                 list each migration line's files and whether they are applied
   serve                          consume order events, send emails, serve /healthz /readyz /metrics and /admin
   admin COMMAND                  operate a running notifier through its admin API; notifier admin help
-  emails [STATE]                 deprecated: use notifier admin emails [STATE]
-  resolve-email KEY RES ACTOR    deprecated: use notifier admin resolve-email KEY RES --reason R
   healthcheck                    probe /readyz on HTTP_ADDR; exit 0 when ready
 `
 
@@ -69,10 +64,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return runServe(ctx, getenv, stdout)
 	case "admin":
 		return runAdmin(ctx, args[1:], getenv, stdout)
-	case "emails":
-		return runEmails(ctx, args[1:], getenv, stdout)
-	case "resolve-email":
-		return runResolveEmail(ctx, args[1:], getenv, stdout)
 	case "healthcheck":
 		return healthcheck.Run(ctx, loadHealthcheckConfig(getenv), "/readyz", stdout)
 	case "help", "-h", "--help":
@@ -85,5 +76,5 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 }
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	return migrate.Command(ctx, args, loadMigrateConfig(getenv), migrations.Notifier(), stdout)
+	return migrate.Command(ctx, args, loadMigrateConfig(getenv), schema.Notifier(), stdout)
 }

@@ -15,13 +15,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/notify"
 	"github.com/outboxref/orders/internal/notify/smtptest"
@@ -373,44 +372,14 @@ func metricSum(t *testing.T, base, prefix string) float64 {
 	return sum
 }
 
-// TestEmailsSkipped: `notifier emails skipped` lists the emails that were
-// never sent on purpose, with their event ids and reasons.
-func TestEmailsSkipped(t *testing.T) {
-	t.Parallel()
-	url := pgtest.Scratch(t, "notifier_cmd")
-	env := envFrom(map[string]string{"DATABASE_URL": url})
-	require.NoError(t, run(context.Background(), []string{"migrate"}, env, io.Discard))
-	conn, err := pgx.Connect(context.Background(), url)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
-	stale, conflict, sent := uuid.New(), uuid.New(), uuid.New()
-	for _, r := range []struct {
-		id     uuid.UUID
-		state  string
-		reason *string
-	}{{stale, "skipped", ptr("stale")}, {conflict, "skipped", ptr("conflict")}, {sent, "sent", nil}} {
-		_, err := conn.Exec(context.Background(), `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
-			recipient, subject, body, state, skip_reason) VALUES ($1, $2, $3, $4, 'order.placed', 'a@example.com', 's', 'b', $5, $6)`,
-			notify.OperationKey(r.id), r.id, notify.MessageID(r.id), uuid.New(), r.state, r.reason)
-		require.NoError(t, err)
-	}
-	var out bytes.Buffer
-	require.NoError(t, run(context.Background(), []string{"emails", "skipped"}, env, &out))
-	require.Regexp(t, stale.String()+`\s+order.placed\s+\S+\s+skipped\s+0\s+\S+\s+stale`, out.String())
-	require.Regexp(t, conflict.String()+`\s+order.placed\s+\S+\s+skipped\s+0\s+\S+\s+conflict`, out.String())
-	require.NotContains(t, out.String(), sent.String())
-}
-
-func ptr[T any](v T) *T { return &v }
-
 // TestReadyzReportsConsumer: /readyz carries the consumer's own view as
 // information (degraded, stalled partitions) without letting it decide the
 // status, which follows the database and the schema.
 func TestReadyzReportsConsumer(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Notifier()...)
+	db := pgtest.New(t, schema.Notifier()...)
 	h := notify.Health{Degraded: "since 2026-01-01T00:00:00Z: database unreachable", Stalled: []string{"orders.events/3 (lag 7, …)"}}
-	srv := httptest.NewServer(newHandler(db.Pool, prometheus.NewRegistry(), migrate.NewSchemaCheck(db.Pool, migrations.Notifier()),
+	srv := httptest.NewServer(newHandler(db.Pool, prometheus.NewRegistry(), migrate.NewSchemaCheck(db.Pool, schema.Notifier()),
 		func() notify.Health { return h }))
 	defer srv.Close()
 	res, err := http.Get(srv.URL + "/readyz")

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/migrate"
@@ -84,7 +84,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	}
 	defer pool.Close()
 
-	schema := migrate.NewSchemaCheck(pool, migrations.Notifier())
+	schemaCheck := migrate.NewSchemaCheck(pool, schema.Notifier())
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -124,7 +124,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 
 	srv := &http.Server{
 		Addr:              cfg.HTTPAddr,
-		Handler:           withAdmin(newHandler(pool, reg, schema, svc.Consumer.Health), svc.Admin(), cfg.Tokens, log),
+		Handler:           withAdmin(newHandler(pool, reg, schemaCheck, svc.Consumer.Health), svc.Admin(), cfg.Tokens, log),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      15 * time.Second,
@@ -141,7 +141,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		// Consuming into missing tables would fail every record; wait for
 		// `notifier migrate` (readiness says what is missing meanwhile).
 		last := time.Time{}
-		err := schema.Wait(workCtx, 2*time.Second, func(err error) {
+		err := schemaCheck.Wait(workCtx, 2*time.Second, func(err error) {
 			if time.Since(last) > 30*time.Second {
 				last = time.Now()
 				log.Warn("waiting for the database schema; run `notifier migrate`", "reason", err.Error())
@@ -190,7 +190,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 // Readiness reflects the database only: a broker outage stops consumption
 // but is visible in the lag metric, and taking the notifier out of service
 // would not help.
-func newHandler(pool *pgxpool.Pool, reg *prometheus.Registry, schema *migrate.SchemaCheck, consumer func() notify.Health) http.Handler {
+func newHandler(pool *pgxpool.Pool, reg *prometheus.Registry, schemaCheck *migrate.SchemaCheck, consumer func() notify.Health) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
@@ -214,7 +214,7 @@ func newHandler(pool *pgxpool.Pool, reg *prometheus.Registry, schema *migrate.Sc
 		status := http.StatusOK
 		if err := pool.Ping(ctx); err != nil {
 			status, body["status"], body["database"] = http.StatusServiceUnavailable, "unavailable", "unreachable"
-		} else if err := schema.Check(ctx); err != nil {
+		} else if err := schemaCheck.Check(ctx); err != nil {
 			status, body["status"], body["schema"] = http.StatusServiceUnavailable, "unavailable", err.Error()+"; run `notifier migrate`"
 		}
 		writeJSON(w, status, body)

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/pgtest"
 )
 
@@ -164,7 +164,7 @@ func TestAdminCLI(t *testing.T) {
 // a token. The server stops, cleanly, when the test ends.
 func startAdminServe(t *testing.T) (*pgtest.DB, string, func(token string, args ...string) (string, error)) {
 	t.Helper()
-	db := pgtest.New(t, migrations.Orders()...)
+	db := pgtest.New(t, schema.Orders()...)
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, "orders.events"))
 	require.NoError(t, err)
 	t.Cleanup(cluster.Close)

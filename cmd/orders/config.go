@@ -30,35 +30,17 @@ type Config struct {
 	Ops   OperationsConfig
 }
 
-// KafkaConfig is how the relay reaches the broker.
+// KafkaConfig is how the relay reaches the broker and what it produces.
 type KafkaConfig struct {
-	Brokers         []string // KAFKA_BROKERS
-	Topic           string   // ORDERS_TOPIC
-	TopicPartitions int      // ORDERS_TOPIC_PARTITIONS
-	TLS             bool     // KAFKA_TLS
-	TLSCAFile       string   // KAFKA_TLS_CA_FILE (system roots when empty)
-	SASLMechanism   string   // KAFKA_SASL_MECHANISM: SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN
-	SASLUsername    string   // KAFKA_SASL_USERNAME
-	SASLPassword    string   // KAFKA_SASL_PASSWORD
+	Conn            kafkaconf.Config // KAFKA_BROKERS, KAFKA_TLS, KAFKA_TLS_CA_FILE, KAFKA_SASL_*
+	Topic           string           // ORDERS_TOPIC
+	TopicPartitions int              // ORDERS_TOPIC_PARTITIONS
 	// ProduceTimeout is the deadline of each send (R5a): at most half of
 	// RELAY_LEASE, and by default the smaller of 10s and RELAY_LEASE/2.
 	ProduceTimeout time.Duration // KAFKA_PRODUCE_TIMEOUT: deadline of one batch, counted from its claim
 	// MaxMessageBytes is the largest record batch the producer builds; set
 	// it to the topic's max.message.bytes. Larger events are parked.
 	MaxMessageBytes int // KAFKA_MAX_MESSAGE_BYTES
-}
-
-// connection returns the settings that reach and authenticate to the
-// cluster, shared with the notifier through kafkaconf.
-func (k KafkaConfig) connection() kafkaconf.Config {
-	return kafkaconf.Config{
-		Brokers:       k.Brokers,
-		TLS:           k.TLS,
-		TLSCAFile:     k.TLSCAFile,
-		SASLMechanism: k.SASLMechanism,
-		SASLUsername:  k.SASLUsername,
-		SASLPassword:  k.SASLPassword,
-	}
 }
 
 // RelayConfig tunes the embedded outbox relay.
@@ -115,14 +97,16 @@ func load(getenv func(string) string, api bool) (Config, error) {
 		LogLevel:        r.LogLevel("LOG_LEVEL", slog.LevelInfo),
 		DebugAddr:       r.String("DEBUG_ADDR", ""),
 		Kafka: KafkaConfig{
-			Brokers:         r.List("KAFKA_BROKERS", "127.0.0.1:9092"),
+			Conn: kafkaconf.Config{
+				Brokers:       r.List("KAFKA_BROKERS", "127.0.0.1:9092"),
+				TLS:           r.Bool("KAFKA_TLS", false),
+				TLSCAFile:     r.String("KAFKA_TLS_CA_FILE", ""),
+				SASLMechanism: strings.ToUpper(r.String("KAFKA_SASL_MECHANISM", "")),
+				SASLUsername:  r.String("KAFKA_SASL_USERNAME", ""),
+				SASLPassword:  r.String("KAFKA_SASL_PASSWORD", ""),
+			},
 			Topic:           r.String("ORDERS_TOPIC", "orders.events"),
 			TopicPartitions: r.Int("ORDERS_TOPIC_PARTITIONS", 6, 1, 10000),
-			TLS:             r.Bool("KAFKA_TLS", false),
-			TLSCAFile:       r.String("KAFKA_TLS_CA_FILE", ""),
-			SASLMechanism:   strings.ToUpper(r.String("KAFKA_SASL_MECHANISM", "")),
-			SASLUsername:    r.String("KAFKA_SASL_USERNAME", ""),
-			SASLPassword:    r.String("KAFKA_SASL_PASSWORD", ""),
 			MaxMessageBytes: r.Int("KAFKA_MAX_MESSAGE_BYTES", outbox.DefaultMaxMessageBytes, 512, 1<<30),
 		},
 		Relay: RelayConfig{
@@ -157,17 +141,8 @@ func load(getenv func(string) string, api bool) (Config, error) {
 	} else {
 		c.Tokens = t
 	}
-	if len(c.Kafka.Brokers) == 0 {
-		r.Fail("KAFKA_BROKERS: at least one broker address is required")
-	}
-	switch c.Kafka.SASLMechanism {
-	case "":
-	case "SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN":
-		if c.Kafka.SASLUsername == "" || c.Kafka.SASLPassword == "" {
-			r.Fail("KAFKA_SASL_MECHANISM=%s needs KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD", c.Kafka.SASLMechanism)
-		}
-	default:
-		r.Fail("KAFKA_SASL_MECHANISM=%q: want SCRAM-SHA-256, SCRAM-SHA-512 or PLAIN", c.Kafka.SASLMechanism)
+	if err := c.Kafka.Conn.Validate(); err != nil {
+		r.Fail("KAFKA_*: %v", err)
 	}
 	if err := debugserver.CheckAddr(c.DebugAddr, c.HTTPAddr, c.Relay.MetricsAddr); err != nil {
 		r.Fail("DEBUG_ADDR=%v", err)
@@ -192,7 +167,7 @@ func (c Config) print(w io.Writer) {
 	fmt.Fprintf(w, "config: DATABASE_URL=%s HTTP_ADDR=%s AUTH_TOKENS=%s SHUTDOWN_TIMEOUT=%s\n",
 		envconfig.MaskURL(c.DatabaseURL), c.HTTPAddr, tokens, c.ShutdownTimeout)
 	fmt.Fprintf(w, "config: KAFKA_BROKERS=%s ORDERS_TOPIC=%s ORDERS_TOPIC_PARTITIONS=%d KAFKA_TLS=%t KAFKA_TLS_CA_FILE=%s KAFKA_SASL_MECHANISM=%s KAFKA_SASL_USERNAME=%s KAFKA_SASL_PASSWORD=%s KAFKA_PRODUCE_TIMEOUT=%s KAFKA_MAX_MESSAGE_BYTES=%d\n",
-		strings.Join(c.Kafka.Brokers, ","), c.Kafka.Topic, c.Kafka.TopicPartitions, c.Kafka.TLS, c.Kafka.TLSCAFile, c.Kafka.SASLMechanism, c.Kafka.SASLUsername, envconfig.Mask(c.Kafka.SASLPassword),
+		strings.Join(c.Kafka.Conn.Brokers, ","), c.Kafka.Topic, c.Kafka.TopicPartitions, c.Kafka.Conn.TLS, c.Kafka.Conn.TLSCAFile, c.Kafka.Conn.SASLMechanism, c.Kafka.Conn.SASLUsername, envconfig.Mask(c.Kafka.Conn.SASLPassword),
 		c.Kafka.ProduceTimeout, c.Kafka.MaxMessageBytes)
 	fmt.Fprintf(w, "config: RELAY_ENABLED=%t RELAY_BATCH_SIZE=%d RELAY_LEASE=%s RELAY_POLL_INTERVAL=%s RELAY_BACKOFF_BASE=%s RELAY_BACKOFF_CAP=%s RELAY_DRAIN_TIMEOUT=%s RELAY_CE_SOURCE=%s RELAY_METRICS_ADDR=%s\n",
 		c.Relay.Enabled, c.Relay.BatchSize, c.Relay.Lease, c.Relay.PollInterval, c.Relay.BackoffBase, c.Relay.BackoffCap,

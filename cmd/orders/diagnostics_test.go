@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/pgtest"
 	"github.com/outboxref/orders/internal/testlog"
 )
@@ -22,7 +22,7 @@ import (
 // info line is written from start to stop.
 func TestLogLevel(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Orders()...)
+	db := pgtest.New(t, schema.Orders()...)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, "orders.events"))
 	require.NoError(t, err)
 	t.Cleanup(c.Close)
@@ -78,7 +78,7 @@ func TestLogLevel(t *testing.T) {
 // no such listener, and DEBUG_ADDR on the public port is refused.
 func TestDebugAddr(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Orders()...)
+	db := pgtest.New(t, schema.Orders()...)
 	public, debug := freeAddr(t), freeAddr(t)
 	vars := map[string]string{
 		"DATABASE_URL":  db.URL,

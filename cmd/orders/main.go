@@ -18,7 +18,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/healthcheck"
 	"github.com/outboxref/orders/internal/migrate"
 )
@@ -74,5 +74,5 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 }
 
 func runMigrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	return migrate.Command(ctx, args, loadMigrateConfig(getenv), migrations.Orders(), stdout)
+	return migrate.Command(ctx, args, loadMigrateConfig(getenv), schema.Orders(), stdout)
 }

@@ -107,9 +107,13 @@ func loadConsumers(path string) ([]outbox.Consumer, error) {
 }
 
 // operations is the orders service's part of operating the outbox: the
-// admin API over outbox.Admin, the producer replays use, the replays'
-// resumption, and the cleanup.
+// admin API over outbox.Admin, the producer replays and the direct path
+// use, the replays' resumption, and the cleanup.
 type operations struct {
+	// writer is the process's one outbox Writer: the orders service writes
+	// its events with it and admin checks repairs with it. Its direct
+	// publisher is directPublish (O7).
+	writer  *outbox.Writer
 	admin   *outbox.Admin
 	keys    *orders.KeyCleanup
 	handler http.Handler
@@ -123,8 +127,11 @@ type operations struct {
 
 // newOperations builds the admin API and registers the cleanup metrics.
 // ctx bounds replay runs and the cleanup loop.
-func newOperations(ctx context.Context, cfg Config, pool *pgxpool.Pool, writer *outbox.Writer, log *slog.Logger, reg prometheus.Registerer) (*operations, error) {
-	ops := newReplayer(cfg, pool, writer, log)
+func newOperations(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer) (*operations, error) {
+	ops, err := newReplayer(cfg, pool, log)
+	if err != nil {
+		return nil, err
+	}
 	ops.keys = orders.NewKeyCleanup(pool)
 	if err := reg.Register(ops.admin.Collector()); err != nil {
 		return nil, fmt.Errorf("register outbox cleanup metrics: %w", err)
@@ -157,9 +164,8 @@ func newOperations(ctx context.Context, cfg Config, pool *pgxpool.Pool, writer *
 // replay needs to run. A running plan is leased for RELAY_LEASE, as the
 // relay's claimed rows are: the same time after which a dead process's
 // work is taken over.
-func newReplayer(cfg Config, pool *pgxpool.Pool, writer *outbox.Writer, log *slog.Logger) *operations {
-	return &operations{
-		admin: outbox.NewAdmin(pool, writer, outbox.WithRepairCheck(orders.CheckRepair)),
+func newReplayer(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (*operations, error) {
+	o := &operations{
 		policy: outbox.ReplayPolicy{
 			ApprovalThreshold: cfg.Ops.ReplayApprovalThreshold,
 			ApprovalWindow:    cfg.Ops.ReplayApprovalWindow,
@@ -169,6 +175,16 @@ func newReplayer(cfg Config, pool *pgxpool.Pool, writer *outbox.Writer, log *slo
 		cfg: cfg,
 		log: log,
 	}
+	// The Writer is built here, not passed in, because its direct publisher
+	// is this value's producer. Under `orders relay`, which runs no
+	// commands, only its checks are used.
+	writer, err := outbox.NewWriter(orderEventTypes(), outbox.WithDirectPublisher(o.directPublish))
+	if err != nil {
+		return nil, err
+	}
+	o.writer = writer
+	o.admin = outbox.NewAdmin(pool, writer, outbox.WithRepairCheck(orders.CheckRepair))
+	return o, nil
 }
 
 // resumeReplays continues, until ctx ends, the replays whose runner
@@ -230,7 +246,7 @@ func (o *operations) client() (*kgo.Client, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.producer == nil {
-		conn, err := o.cfg.Kafka.connection().Options()
+		conn, err := o.cfg.Kafka.Conn.Options()
 		if err != nil {
 			return nil, err
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/outbox"
@@ -27,7 +27,7 @@ import (
 // it succeeds: a missing broker never blocks start-up or readiness (O3),
 // since absorbing a broker outage is the outbox's job.
 func startRelay(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer, types []outbox.EventType) (*outbox.Relay, error) {
-	conn, err := cfg.Kafka.connection().Options()
+	conn, err := cfg.Kafka.Conn.Options()
 	if err != nil {
 		return nil, err
 	}
@@ -93,16 +93,15 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 	if err != nil {
 		return err
 	}
-	schema := migrate.NewSchemaCheck(pool, migrations.Orders())
+	schemaCheck := migrate.NewSchemaCheck(pool, schema.Orders())
 
 	// This process also continues the replays a stopped process left
 	// (interrupted, or running on a dead runner's lease): a replay
 	// resumes wherever a relay starts.
-	writer, err := outbox.NewWriter(orderEventTypes())
+	replays, err := newReplayer(cfg, pool, log)
 	if err != nil {
 		return err
 	}
-	replays := newReplayer(cfg, pool, writer, log)
 	defer replays.close()
 	replaysCtx, stopReplays := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() {
@@ -112,14 +111,14 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 		replays.stopReplays(wctx)
 	}()
 	go func() {
-		if schema.Wait(replaysCtx, 2*time.Second, func(error) {}) == nil {
+		if schemaCheck.Wait(replaysCtx, 2*time.Second, func(error) {}) == nil {
 			replays.resumeReplays(replaysCtx)
 		}
 	}()
 
 	relayDone := make(chan error, 1)
 	go func() {
-		if err := waitForSchema(relayCtx, schema, log); err != nil {
+		if err := waitForSchema(relayCtx, schemaCheck, log); err != nil {
 			relayDone <- nil
 			return
 		}
@@ -128,7 +127,7 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 
 	srv := &http.Server{
 		Addr:              cfg.Relay.MetricsAddr,
-		Handler:           relayMux(reg, pool, schema),
+		Handler:           relayMux(reg, pool, schemaCheck),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
@@ -174,7 +173,7 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 // relayMux serves the relay-only process's operations endpoints. Readiness
 // reflects the database only: a broker outage is what the outbox absorbs,
 // and it shows in the metrics (O3).
-func relayMux(reg *prometheus.Registry, pool *pgxpool.Pool, schema *migrate.SchemaCheck) http.Handler {
+func relayMux(reg *prometheus.Registry, pool *pgxpool.Pool, schemaCheck *migrate.SchemaCheck) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -188,7 +187,7 @@ func relayMux(reg *prometheus.Registry, pool *pgxpool.Pool, schema *migrate.Sche
 			http.Error(w, "database unavailable", http.StatusServiceUnavailable)
 			return
 		}
-		if err := schema.Check(ctx); err != nil {
+		if err := schemaCheck.Check(ctx); err != nil {
 			http.Error(w, "schema: "+err.Error()+"; run `orders migrate`", http.StatusServiceUnavailable)
 			return
 		}

@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/pgtest"
 	"github.com/outboxref/orders/internal/testlog"
 )
@@ -54,6 +54,12 @@ func TestRelayConfig(t *testing.T) {
 	c.print(&out)
 	require.NotContains(t, out.String(), "s3cret", "secrets are printed masked")
 	require.Contains(t, out.String(), "KAFKA_SASL_MECHANISM=SCRAM-SHA-512")
+
+	// The connection settings are checked by kafkaconf, as the notifier's are.
+	_, err = loadConfig(env("KAFKA_SASL_MECHANISM", "plain", "KAFKA_SASL_USERNAME", "relay"))
+	require.ErrorContains(t, err, "SASL mechanism PLAIN needs a username and a password")
+	_, err = loadConfig(env("KAFKA_SASL_MECHANISM", "GSSAPI"))
+	require.ErrorContains(t, err, `SASL mechanism "GSSAPI"`)
 }
 
 // TestStartRelayCreatesTopicInBackground (O3): building the relay does not
@@ -102,7 +108,7 @@ func TestStartRelayCreatesTopicInBackground(t *testing.T) {
 // serves its operations endpoints, and stops cleanly on cancel.
 func TestRunRelayOnly(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Orders()...)
+	db := pgtest.New(t, schema.Orders()...)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	require.NoError(t, err)
 	defer c.Close()

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/pgtest"
 	"github.com/outboxref/orders/internal/testlog"
 )
@@ -43,7 +43,7 @@ func TestReplayConfig(t *testing.T) {
 // a replay that a stopped `orders serve` left interrupted, to done.
 func TestRelayContinuesInterruptedReplay(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Orders()...)
+	db := pgtest.New(t, schema.Orders()...)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, "orders.events"))
 	require.NoError(t, err)
 	defer c.Close()

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/orders"
@@ -109,9 +109,9 @@ func openPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 
 // waitForSchema blocks until the database holds every migration this
 // binary embeds, logging what is missing now and then.
-func waitForSchema(ctx context.Context, schema *migrate.SchemaCheck, log *slog.Logger) error {
+func waitForSchema(ctx context.Context, schemaCheck *migrate.SchemaCheck, log *slog.Logger) error {
 	last := time.Time{}
-	return schema.Wait(ctx, 2*time.Second, func(err error) {
+	return schemaCheck.Wait(ctx, 2*time.Second, func(err error) {
 		if time.Since(last) > 30*time.Second {
 			last = time.Now()
 			log.WarnContext(ctx, "waiting for the database schema; run `orders migrate`", "reason", err.Error())
@@ -148,7 +148,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	defer pool.Close()
 	reg := newRegistry()
 
-	schema := migrate.NewSchemaCheck(pool, migrations.Orders())
+	schemaCheck := migrate.NewSchemaCheck(pool, schema.Orders())
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
 	// relayDone stays nil (never ready) when the relay is disabled.
@@ -165,7 +165,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		go func() {
 			// Claims on missing tables would only fail; wait for `orders
 			// migrate` (readiness says what is missing meanwhile).
-			if err := waitForSchema(relayCtx, schema, log); err != nil {
+			if err := waitForSchema(relayCtx, schemaCheck, log); err != nil {
 				relayDone <- nil
 				return
 			}
@@ -185,11 +185,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	// and the retention cleanup (O4-O6).
 	opsCtx, stopOps := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopOps()
-	writer, err := outbox.NewWriter(orderEventTypes())
-	if err != nil {
-		return err
-	}
-	ops, err := newOperations(opsCtx, cfg, pool, writer, log, reg)
+	ops, err := newOperations(opsCtx, cfg, pool, log, reg)
 	if err != nil {
 		return err
 	}
@@ -204,11 +200,13 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	}()
 	go ops.runCleanup(opsCtx)
 	go func() {
-		if schema.Wait(opsCtx, 2*time.Second, func(error) {}) == nil {
+		if schemaCheck.Wait(opsCtx, 2*time.Second, func(error) {}) == nil {
 			ops.resumeReplays(opsCtx)
 		}
 	}()
-	svc, err := orders.NewService(pool, orders.WithLogger(log), orders.WithNudge(nudge), orders.WithDirectPublisher(ops.directPublish))
+	// The commands write with the operations' Writer: one Writer per
+	// process, whose direct publisher is the legacy path of O7.
+	svc, err := orders.NewService(pool, orders.WithLogger(log), orders.WithNudge(nudge), orders.WithWriter(ops.writer))
 	if err != nil {
 		return err
 	}
@@ -222,7 +220,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 				if err := pool.Ping(ctx); err != nil {
 					return err
 				}
-				return schema.Check(ctx)
+				return schemaCheck.Check(ctx)
 			},
 			// The broker's state is shown, never used for readiness (O3).
 			Info:    func() map[string]string { return map[string]string{"broker": brokerState()} },

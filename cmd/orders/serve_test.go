@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/pgtest"
 )
@@ -25,7 +25,7 @@ import (
 // passes once it is ready.
 func TestServeWithoutRelay(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Orders()...)
+	db := pgtest.New(t, schema.Orders()...)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	addr := l.Addr().String()

@@ -39,10 +39,10 @@ func TestServiceImportsFindsViolations(t *testing.T) {
 	deps := []string{
 		"fmt", m + "/internal/outbox", m + "/internal/outbox [" + m + "/internal/outbox.test]",
 		m + "/internal/ordersapi [" + m + "/internal/inbox.test]", m + "/internal/orders/ordersdb",
-		m + "/cmd/notifier", m + "/internal/notifyish", m + "/db/migrations",
+		m + "/cmd/notifier", m + "/internal/notifyish", m + "/db/schema",
 	}
 	require.Equal(t, []string{
-		m + "/cmd/notifier", m + "/db/migrations", m + "/internal/orders/ordersdb", m + "/internal/ordersapi",
+		m + "/cmd/notifier", m + "/db/schema", m + "/internal/orders/ordersdb", m + "/internal/ordersapi",
 	}, serviceImports(m, deps))
 }
 

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/pgtest"
 )
@@ -36,7 +36,7 @@ func TestUpCreatesDatabaseAndIsIdempotent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := scratch(t)
-	lines := migrations.Orders()
+	lines := schema.Orders()
 
 	var wg sync.WaitGroup
 	applied := make([][]migrate.Applied, 3)
@@ -177,7 +177,7 @@ func TestOldLayoutRefused(t *testing.T) {
 	require.NoError(t, migrate.EnsureDatabase(ctx, dbURL))
 	_, err := open(t, dbURL).ExecContext(ctx, "CREATE TABLE schema_migrations (version integer PRIMARY KEY)")
 	require.NoError(t, err)
-	_, err = migrate.Up(ctx, dbURL, migrations.Orders()...)
+	_, err = migrate.Up(ctx, dbURL, schema.Orders()...)
 	require.ErrorContains(t, err, "earlier single-line layout")
 }
 
@@ -198,9 +198,9 @@ func TestPoolSettingsInURL(t *testing.T) {
 	} else {
 		dbURL += "?pool_max_conns=7"
 	}
-	_, err := migrate.Up(ctx, dbURL, migrations.Orders()...)
+	_, err := migrate.Up(ctx, dbURL, schema.Orders()...)
 	require.NoError(t, err)
-	st, err := migrate.Status(ctx, dbURL, migrations.Orders()...)
+	st, err := migrate.Status(ctx, dbURL, schema.Orders()...)
 	require.NoError(t, err)
 	require.NotEmpty(t, st)
 }

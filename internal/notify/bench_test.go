@@ -19,7 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify/notifydb"
 	"github.com/outboxref/orders/internal/notify/smtptest"
@@ -68,7 +68,7 @@ func benchSizes(sizes []benchSize) []benchSize {
 }
 
 func benchmarkConsume(b *testing.B, orders, perOrder, batchMax int) {
-	db := pgtest.New(b, migrations.Notifier()...)
+	db := pgtest.New(b, schema.Notifier()...)
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	require.NoError(b, err)
 	b.Cleanup(c.Close)
@@ -158,7 +158,7 @@ func BenchmarkConsumeSQLOnly(b *testing.B) {
 }
 
 func benchmarkSQLOnly(b *testing.B, orders, perOrder int) {
-	db := pgtest.New(b, migrations.Notifier()...)
+	db := pgtest.New(b, schema.Notifier()...)
 	cycle := []string{TypePaid, TypeShipped, TypeCancelled, TypeRefundRequested}
 	n := orders * perOrder
 	ctx := context.Background()
@@ -289,7 +289,7 @@ func BenchmarkSend(b *testing.B) {
 
 func benchmarkSend(b *testing.B, workers int) {
 	const n = 1000
-	db := pgtest.New(b, migrations.Notifier()...)
+	db := pgtest.New(b, schema.Notifier()...)
 	srv := smtptest.Start(b)
 	mailer := &SMTPMailer{Addr: srv.Addr, HeloName: "notifier.test", Timeout: 5 * time.Second, TLS: TLSNone, MaxIdle: workers}
 	b.Cleanup(func() { _ = mailer.Close() })
@@ -350,7 +350,7 @@ func BenchmarkSendBacklog(b *testing.B) {
 func sendBacklog(b *testing.B, n int) time.Duration {
 	b.StopTimer()
 	const workers = 4
-	db := pgtest.New(b, migrations.Notifier()...)
+	db := pgtest.New(b, schema.Notifier()...)
 	pgtest.FreezeStats(b, db.Pool, "email_send")
 	srv := smtptest.Start(b)
 	mailer := &SMTPMailer{Addr: srv.Addr, HeloName: "notifier.test", Timeout: 5 * time.Second, TLS: TLSNone, MaxIdle: workers}

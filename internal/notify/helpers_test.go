@@ -23,7 +23,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify/notifydb"
 	"github.com/outboxref/orders/internal/notify/smtptest"
@@ -50,7 +50,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	db := pgtest.New(t, migrations.Notifier()...)
+	db := pgtest.New(t, schema.Notifier()...)
 
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(6, testTopic))
 	require.NoError(t, err)

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/pgtest"
 )
 
@@ -22,7 +22,7 @@ import (
 // skipped are exact, sent a close estimate.
 func TestLedgerMaintenanceReadsLittle(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Notifier()...)
+	db := pgtest.New(t, schema.Notifier()...)
 	ctx := context.Background()
 	_, err := db.Pool.Exec(ctx, `
 		INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type, recipient, subject, body,

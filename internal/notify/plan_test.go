@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/notify/notifydb"
 	"github.com/outboxref/orders/internal/pgtest"
 )
@@ -26,7 +26,7 @@ import (
 // to the rows the query wants, keeps each claim constant.
 func TestLedgerQueriesKeepTheirOrderOnABacklog(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, migrations.Notifier()...)
+	db := pgtest.New(t, schema.Notifier()...)
 	ctx := context.Background()
 	pgtest.FreezeStats(t, db.Pool, "email_send")
 	_, err := db.Pool.Exec(ctx, `

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/pgtest"
 )
@@ -38,7 +38,7 @@ func (m slowMailer) Send(ctx context.Context, from, to string, msg []byte) (stri
 func TestStuckSendSweptDuringALongPass(t *testing.T) {
 	t.Parallel()
 	const n = 100 // at 50ms each, a pass of five seconds
-	db := pgtest.New(t, migrations.Notifier()...)
+	db := pgtest.New(t, schema.Notifier()...)
 	srv := smtptest.Start(t)
 	mailer := &SMTPMailer{Addr: srv.Addr, HeloName: "notifier.test", Timeout: 5 * time.Second, TLS: TLSNone, MaxIdle: 1}
 	t.Cleanup(func() { _ = mailer.Close() })

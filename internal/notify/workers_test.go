@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/pgtest"
 )
@@ -24,7 +24,7 @@ import (
 func TestSenderWorkers(t *testing.T) {
 	t.Parallel()
 	const n, workers = 200, 4
-	db := pgtest.New(t, migrations.Notifier()...)
+	db := pgtest.New(t, schema.Notifier()...)
 	srv := smtptest.Start(t)
 	mailer := &SMTPMailer{Addr: srv.Addr, HeloName: "notifier.test", Timeout: 5 * time.Second, TLS: TLSNone, MaxIdle: workers}
 	t.Cleanup(func() { _ = mailer.Close() })

@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify"
@@ -58,7 +58,7 @@ func withTokens(spec string) option { return func(_ *notify.AdminConfig, s *stri
 
 func setup(t *testing.T, opts ...option) *world {
 	t.Helper()
-	db := pgtest.New(t, migrations.Notifier()...)
+	db := pgtest.New(t, schema.Notifier()...)
 	log := slog.New(slog.DiscardHandler)
 	proj := notify.NewProjector(log)
 	ib, err := inbox.New(inbox.Config{Pool: db.Pool, Apply: proj.Apply, Covered: proj.Covered, Rejected: proj.Rejected,
@@ -79,14 +79,14 @@ func setup(t *testing.T, opts ...option) *world {
 }
 
 // orderRecord is a fixture factory: the relay's record of an order event
-// (R7), version v of a fresh order, in schema version schema.
-func orderRecord(schema int) *kgo.Record {
+// (R7): version 1 of a fresh order, in the given schema version.
+func orderRecord(schemaVersion int) *kgo.Record {
 	id := uuid.New()
 	payload, _ := json.Marshal(map[string]any{"order_id": id.String(), "customer": "alice", "email": "alice@example.com",
 		"currency": "EUR", "total_cents": 2500, "items": []map[string]any{{"sku": "BOOK-1", "quantity": 2, "unit_price_cents": 1250}},
 		"placed_at": time.Now().UTC().Format(time.RFC3339)})
 	r := cloudevents.Record("orders.events", cloudevents.Event{ID: uuid.New(), Type: notify.TypePlaced, Source: "urn:outboxref:orders",
-		Time: time.Now(), AggregateType: notify.AggregateType, AggregateID: id.String(), AggregateVersion: 1, SchemaVersion: schema, Data: payload})
+		Time: time.Now(), AggregateType: notify.AggregateType, AggregateID: id.String(), AggregateVersion: 1, SchemaVersion: schemaVersion, Data: payload})
 	r.Partition, r.Offset = 2, 17
 	return r
 }

@@ -29,7 +29,6 @@ type Service struct {
 	log    *slog.Logger
 	now    func() time.Time
 	nudge  func()
-	direct outbox.DirectPublisher // the legacy path, for types in direct or shadow publish mode (O7)
 	// afterWrite runs inside the transaction after the business write and
 	// before the outbox insert (for Place, whose statements go in one
 	// round trip, after all of them and before COMMIT). Tests use it to
@@ -47,35 +46,36 @@ func WithLogger(l *slog.Logger) Option { return func(s *Service) { s.log = l } }
 // to wake the in-process relay (R8). It must not block.
 func WithNudge(f func()) Option { return func(s *Service) { s.nudge = f } }
 
-// WithDirectPublisher gives the service the publish-inside-the-transaction
-// path that event types switched to direct or shadow publish mode use
-// while a deployment migrates to the outbox (O7). Without it, commands
-// emitting such types fail with outbox.ErrNoDirectPublisher.
-func WithDirectPublisher(p outbox.DirectPublisher) Option {
-	return func(s *Service) { s.direct = p }
-}
+// WithWriter makes the service write its events with w instead of a
+// Writer of its own, so that a process builds one Writer and shares it (its
+// outbox operations check repairs with the same one). w must have been
+// built from EventTypes(). A deployment migrating to the outbox gives w
+// the publish-inside-the-transaction path (outbox.WithDirectPublisher)
+// that event types switched to direct or shadow publish mode use (O7);
+// without it, commands emitting such types fail with
+// outbox.ErrNoDirectPublisher, as they do with the service's own Writer.
+func WithWriter(w *outbox.Writer) Option { return func(s *Service) { s.writer = w } }
 
 // WithClock sets the time source (default time.Now).
 func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = now } }
 
-// NewService returns a service over pool. Its outbox writer is built from
-// EventTypes(), the schemas published in docs/schemas, so every event a
-// command writes has been checked against its documented contract.
+// NewService returns a service over pool. Its outbox writer, unless
+// WithWriter gives one, is built from EventTypes(), the schemas published
+// in docs/schemas, so every event a command writes has been checked
+// against its documented contract.
 func NewService(pool *pgxpool.Pool, opts ...Option) (*Service, error) {
-	types, err := EventTypes()
-	if err != nil {
-		return nil, fmt.Errorf("order event types: %w", err)
-	}
 	s := &Service{pool: pool, log: slog.Default(), now: time.Now, nudge: func() {}}
 	for _, o := range opts {
 		o(s)
 	}
-	var wopts []outbox.WriterOption
-	if s.direct != nil {
-		wopts = append(wopts, outbox.WithDirectPublisher(s.direct))
-	}
-	if s.writer, err = outbox.NewWriter(types, wopts...); err != nil {
-		return nil, fmt.Errorf("order events: %w", err)
+	if s.writer == nil {
+		types, err := EventTypes()
+		if err != nil {
+			return nil, fmt.Errorf("order event types: %w", err)
+		}
+		if s.writer, err = outbox.NewWriter(types); err != nil {
+			return nil, fmt.Errorf("order events: %w", err)
+		}
 	}
 	return s, nil
 }
@@ -452,10 +452,11 @@ func (s *Service) inTx(ctx context.Context, fn func(tx pgx.Tx, q *ordersdb.Queri
 	return nil
 }
 
-// beforeCommit marks a failure before COMMIT as ErrUnavailable when it is
-// the database's or the broker's passing trouble rather than the
-// command's: the transaction cannot have committed, so the caller may
-// simply retry. A cancelled request stays as it is.
+// markUnavailable marks a failure that cannot have committed anything (a
+// read, or a transaction's work before its COMMIT; inTx reports a failed
+// COMMIT as ErrCommitUnknown instead) as ErrUnavailable when it is the
+// database's or the broker's passing trouble rather than the command's,
+// so the caller may simply retry. A cancelled request stays as it is.
 func markUnavailable(ctx context.Context, err error) error {
 	if ctx.Err() != nil || !unavailable(err) {
 		return err

@@ -19,7 +19,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/outbox"
 	"github.com/outboxref/orders/internal/pgtest"
@@ -40,7 +40,7 @@ type fixture struct {
 
 func setup(t testing.TB) *fixture {
 	t.Helper()
-	db := pgtest.New(t, migrations.Orders()...)
+	db := pgtest.New(t, schema.Orders()...)
 	logs := &testlog.Buffer{}
 	log := slog.New(slog.NewJSONHandler(logs, nil))
 	svc, err := NewService(db.Pool, WithLogger(log))

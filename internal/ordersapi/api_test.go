@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/ordersapi"
@@ -44,7 +44,7 @@ func setup(t *testing.T, opts ...func(*setupOpts)) *client {
 	for _, f := range opts {
 		f(&o)
 	}
-	db := pgtest.New(t, migrations.Orders()...)
+	db := pgtest.New(t, schema.Orders()...)
 	tokens, err := auth.ParseTokens(devTokens)
 	require.NoError(t, err)
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/ordersapi"
@@ -29,7 +29,7 @@ func FuzzCreateOrder(f *testing.F) {
 	f.Add([]byte(`[]`), "")
 	f.Add([]byte(`{"items":[null]}`), "key")
 
-	db := pgtest.New(f, migrations.Orders()...)
+	db := pgtest.New(f, schema.Orders()...)
 	tokens, err := auth.ParseTokens(devTokens)
 	require.NoError(f, err)
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))

@@ -33,6 +33,15 @@ func NewRelayWithHooks(cfg Config, h Hooks) (*Relay, error) {
 // for "the relay has looked again" instead of sleeping.
 func (r *Relay) ClaimRounds() int64 { return r.rounds.Load() }
 
+// SetRefresh changes how often the collector reads the table
+// (DefaultStatsRefresh in production), so a test can hold one read for
+// good or make the next scrape read again.
+func (c *StatsCollector) SetRefresh(every time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.every = every
+}
+
 // Backoff exposes the retry delay for its unit test.
 func Backoff(attempts int, base, max time.Duration) time.Duration {
 	return backoff(attempts, base, max)

@@ -149,13 +149,6 @@ func NewStatsCollector(pool *pgxpool.Pool, types []EventType, log *slog.Logger) 
 	return c
 }
 
-// SetRefresh changes how often the table is read (DefaultStatsRefresh).
-func (c *StatsCollector) SetRefresh(every time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.every = every
-}
-
 // Describe implements prometheus.Collector.
 func (c *StatsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.pending, c.oldest, c.parked, c.blocked, c.up} {

@@ -24,7 +24,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outboxref/orders/db/migrations"
+	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/notify"
 	"github.com/outboxref/orders/internal/notify/smtptest"
@@ -79,7 +79,7 @@ func newChain(t *testing.T) *chain {
 	t.Helper()
 	c := &chain{logs: &testlog.Buffer{}}
 	c.log = slog.New(telemetry.LogHandler(slog.NewJSONHandler(c.logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	c.ordersPool = pgtest.New(t, migrations.Orders()...).Pool
+	c.ordersPool = pgtest.New(t, schema.Orders()...).Pool
 
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
 	require.NoError(t, err)
@@ -107,7 +107,7 @@ func newChain(t *testing.T) *chain {
 // startNotifier starts the notifier: consumer, inbox, ledger and sender.
 func (c *chain) startNotifier(t *testing.T) {
 	t.Helper()
-	c.notifierPool = pgtest.New(t, migrations.Notifier()...).Pool
+	c.notifierPool = pgtest.New(t, schema.Notifier()...).Pool
 	c.smtp = smtptest.Start(t)
 	group := "notifier-" + uuid.NewString()[:8]
 	svc, err := notify.NewService(c.notifierPool, notify.Config{

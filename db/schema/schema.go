@@ -1,11 +1,12 @@
-// Package migrations lists each service's migration lines: the lines of the
+// Package schema lists each service's migration lines: the lines of the
 // reusable packages it uses (the outbox, the inbox), which ship in those
 // packages, followed by the service's own line, embedded here: the tables
-// of the orders service and of the notifier.
+// of the orders service (orders/) and of the notifier (notifier/).
 //
-// The same files are sqlc's schema input (see sqlc.yaml), so the generated
-// queries and the database the binaries create can never drift apart.
-package migrations
+// The same files are sqlc's schema input (see sqlc.yaml; the queries live
+// next door in db/queries), so the generated queries and the database the
+// binaries create can never drift apart.
+package schema
 
 import (
 	"embed"
