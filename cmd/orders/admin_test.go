@@ -288,3 +288,38 @@ func TestAdminHostileInput(t *testing.T) {
 	require.NotRegexp(t, `(?m)^approved by`, out2, "no forged approval line")
 	require.NotRegexp(t, "[\x00-\x08\x0b-\x1f\x7f]", out+out2, "no control character reaches the terminal")
 }
+
+// TestAdminRefusesUnknownFlags: `orders admin` refuses, before reading its
+// configuration or sending anything, a flag it does not know and one the
+// command does not take, and an id that is no id; a flag may stand before
+// or after the positional arguments, with or without "=".
+func TestAdminRefusesUnknownFlags(t *testing.T) {
+	t.Parallel()
+	// No server listens here: each case must fail before a request.
+	env := map[string]string{"ADMIN_API_URL": "http://127.0.0.1:1", "ADMIN_API_TOKEN": "t"}
+	admin := func(args ...string) error {
+		return runAdmin(context.Background(), args, func(k string) string { return env[k] }, io.Discard)
+	}
+	for args, want := range map[string]string{
+		"parked --typo x": "unknown flag --typo",
+		"stats --wait":    "--wait does not go with this command",
+		"show " + uuid.NewString() + " --reason r":                  "--reason does not go with this command",
+		"replay approve " + uuid.NewString() + " --wait --reason r": "--wait does not go with this command",
+		"resume --reason":             "--reason needs a value",
+		"replay show not-an-id":       `"not-an-id" is not a plan id`,
+		"resume not-an-id --reason r": `"not-an-id" is not an event id`,
+		"parked --since yesterday":    "--since \"yesterday\": want an RFC 3339 time or a duration",
+		"--json=yes stats":            "--json takes no value",
+	} {
+		err := admin(strings.Fields(args)...)
+		require.ErrorContains(t, err, want, args)
+		require.NotContains(t, err.Error(), "127.0.0.1:1", "%s: nothing was sent", args)
+	}
+
+	a, err := parseAdminArgs([]string{"--reason=x", "resume", "ID1", "--type", "order.placed", "ID2", "-json"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"resume", "ID1", "ID2"}, a.pos)
+	require.Equal(t, "x", *a.reason)
+	require.Equal(t, "order.placed", a.values["type"])
+	require.True(t, a.json)
+}

@@ -43,7 +43,7 @@ import (
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/notify"
 	"github.com/outboxref/orders/internal/outbox/adminguard"
-	"github.com/outboxref/orders/internal/problem"
+	"github.com/outboxref/orders/internal/outbox/problem"
 )
 
 // Problem types, one per failure a client may handle differently.

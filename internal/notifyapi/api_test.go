@@ -29,8 +29,8 @@ import (
 	"github.com/outboxref/orders/internal/notifyapi"
 	"github.com/outboxref/orders/internal/outbox/adminguard"
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
+	"github.com/outboxref/orders/internal/outbox/problem"
 	"github.com/outboxref/orders/internal/pgtest"
-	"github.com/outboxref/orders/internal/problem"
 )
 
 // The tokens of every test: one per role, and an admin whose subject is

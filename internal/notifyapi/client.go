@@ -14,7 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxref/orders/internal/problem"
+	"github.com/outboxref/orders/internal/outbox/problem"
 )
 
 // Client calls the admin API with a bearer token; `notifier admin` is a

@@ -36,6 +36,7 @@ import (
 	"github.com/outboxref/orders/internal/auth"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/orders"
+	"github.com/outboxref/orders/internal/outbox/problem"
 )
 
 // MaxBodyBytes bounds a request body (W6); larger bodies get 413.
@@ -85,10 +86,10 @@ func New(cfg Config) http.Handler {
 	r := chi.NewRouter()
 	r.Use(serverSpan(cfg.TracerProvider), nameSpan, middleware.RequestID, a.accessLog, a.recoverer)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, problem{Status: http.StatusNotFound, Detail: "no such resource"})
+		problem.Write(w, problem.Problem{Status: http.StatusNotFound, Detail: "no such resource"})
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
-		writeProblem(w, problem{Status: http.StatusMethodNotAllowed})
+		problem.Write(w, problem.Problem{Status: http.StatusMethodNotAllowed})
 	})
 
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -102,7 +103,7 @@ func New(cfg Config) http.Handler {
 	r.Group(func(r chi.Router) {
 		r.Use(cfg.Tokens.Middleware(func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="orders"`)
-			writeProblem(w, problem{Status: http.StatusUnauthorized, Detail: "a valid bearer token is required"})
+			problem.Write(w, problem.Problem{Status: http.StatusUnauthorized, Detail: "a valid bearer token is required"})
 		}))
 		r.Post("/orders", a.createOrder)
 		r.Get("/orders", a.listOrders)
@@ -276,7 +277,7 @@ func (a *api) listOrders(w http.ResponseWriter, r *http.Request) {
 		after = c
 	}
 	if len(fe) > 0 {
-		writeProblem(w, problem{Status: http.StatusBadRequest, Type: typeValidation, Title: "Invalid query parameters", Errors: fe})
+		problem.Write(w, problem.Problem{Status: http.StatusBadRequest, Type: typeValidation, Title: "Invalid query parameters", Errors: fieldErrors(fe)})
 		return
 	}
 	list, next, err := a.Service.List(r.Context(), p, after, limit)
@@ -355,44 +356,44 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 	)
 	switch {
 	case errors.As(err, &ve):
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Type: typeValidation, Title: "Invalid order", Detail: "one or more fields are invalid", Errors: ve.Fields})
+		problem.Write(w, problem.Problem{Status: http.StatusUnprocessableEntity, Type: typeValidation, Title: "Invalid order", Detail: "one or more fields are invalid", Errors: fieldErrors(ve.Fields)})
 	case errors.Is(err, orders.ErrNotFound):
-		writeProblem(w, problem{Status: http.StatusNotFound, Detail: "order not found"})
+		problem.Write(w, problem.Problem{Status: http.StatusNotFound, Detail: "order not found"})
 	case errors.Is(err, orders.ErrForbidden):
-		writeProblem(w, problem{Status: http.StatusForbidden, Detail: "your role does not allow this command"})
+		problem.Write(w, problem.Problem{Status: http.StatusForbidden, Detail: "your role does not allow this command"})
 	case errors.As(err, &vc):
 		w.Header().Set("ETag", etag(vc.Current))
-		writeProblem(w, problem{Status: http.StatusPreconditionFailed, Type: typeStaleVersion, Title: "Stale version",
-			Detail:         fmt.Sprintf("If-Match names version %d but the order is at version %d; re-read it and retry", vc.Expected, vc.Current),
-			CurrentVersion: &vc.Current})
+		problem.Write(w, problem.Problem{Status: http.StatusPreconditionFailed, Type: typeStaleVersion, Title: "Stale version",
+			Detail:     fmt.Sprintf("If-Match names version %d but the order is at version %d; re-read it and retry", vc.Expected, vc.Current),
+			Extensions: map[string]any{"current_version": vc.Current}})
 	case errors.As(err, &te):
-		writeProblem(w, problem{Status: http.StatusConflict, Type: typeIllegalState, Title: "Illegal transition", Detail: te.Error()})
+		problem.Write(w, problem.Problem{Status: http.StatusConflict, Type: typeIllegalState, Title: "Illegal transition", Detail: te.Error()})
 	case errors.Is(err, orders.ErrIdempotencyKeyReused):
-		writeProblem(w, problem{Status: http.StatusUnprocessableEntity, Type: typeIdempotencyReuse, Title: "Idempotency key reused",
+		problem.Write(w, problem.Problem{Status: http.StatusUnprocessableEntity, Type: typeIdempotencyReuse, Title: "Idempotency key reused",
 			Detail: "this Idempotency-Key was already used with a different request body"})
 	case errors.Is(err, orders.ErrEventTooLarge):
 		// W6: the event that the request would produce is too large to
 		// store; nothing was written.
-		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Type: typeTooLarge, Title: "Event too large",
+		problem.Write(w, problem.Problem{Status: http.StatusRequestEntityTooLarge, Type: typeTooLarge, Title: "Event too large",
 			Detail: "the request would produce an event larger than the outbox accepts; store large content elsewhere and reference it"})
 	case errors.Is(err, orders.ErrCommitUnknown):
 		a.Log.ErrorContext(r.Context(), "request failed during commit; outcome unknown", "method", r.Method, "path", r.URL.Path,
 			"request_id", middleware.GetReqID(r.Context()), "error", err.Error())
-		writeProblem(w, problem{Status: http.StatusInternalServerError, Type: typeCommitUnknown, Title: "Outcome unknown",
+		problem.Write(w, problem.Problem{Status: http.StatusInternalServerError, Type: typeCommitUnknown, Title: "Outcome unknown",
 			Detail: "the database connection failed while committing; the command may or may not have taken effect. " +
 				"Re-read the order (or retry a create with the same Idempotency-Key) before repeating it"})
 	case errors.Is(err, orders.ErrUnavailable):
 		// Nothing was committed: unlike the commit-unknown case, a plain
 		// retry is safe.
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, problem{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Title: "Temporarily unavailable",
+		problem.Write(w, problem.Problem{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Title: "Temporarily unavailable",
 			Detail: "the command could not reach the database (or the broker) and nothing was committed; retry it after the Retry-After delay"})
 	case errors.Is(err, context.Canceled):
 		// The client went away; nothing useful can be written.
 	default:
 		a.Log.ErrorContext(r.Context(), "request failed", "method", r.Method, "path", r.URL.Path,
 			"request_id", middleware.GetReqID(r.Context()), "error", err.Error())
-		writeProblem(w, problem{Status: http.StatusInternalServerError, Detail: "internal error; the request id is in the X-Request-Id header"})
+		problem.Write(w, problem.Problem{Status: http.StatusInternalServerError, Detail: "internal error; the request id is in the X-Request-Id header"})
 	}
 }
 
@@ -421,21 +422,21 @@ func (a *api) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	)
 	switch {
 	case errors.As(err, &mbe):
-		writeProblem(w, problem{Status: http.StatusRequestEntityTooLarge, Type: typeTooLarge, Title: "Request body too large",
+		problem.Write(w, problem.Problem{Status: http.StatusRequestEntityTooLarge, Type: typeTooLarge, Title: "Request body too large",
 			Detail: fmt.Sprintf("the body must be at most %d bytes", MaxBodyBytes)})
 	case errors.As(err, &ute):
 		field := ute.Field
 		if field == "" {
 			field = "(body)"
 		}
-		writeProblem(w, problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed request",
+		problem.Write(w, problem.Problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed request",
 			Detail: fmt.Sprintf("%s must be a JSON %s", field, jsonKind(ute.Type.Kind().String())),
-			Errors: []orders.FieldError{{Field: field, Message: "has the wrong JSON type"}}})
+			Errors: []problem.FieldError{{Field: field, Message: "has the wrong JSON type"}}})
 	case errors.As(err, &se), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
-		writeProblem(w, problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed request", Detail: "the body is not valid JSON"})
+		problem.Write(w, problem.Problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed request", Detail: "the body is not valid JSON"})
 	default:
 		// Unknown fields and trailing data.
-		writeProblem(w, problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed request", Detail: err.Error()})
+		problem.Write(w, problem.Problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed request", Detail: err.Error()})
 	}
 	return false
 }
@@ -459,14 +460,14 @@ var etagRE = regexp.MustCompile(`^"([1-9][0-9]{0,17})"$`)
 func ifMatch(w http.ResponseWriter, r *http.Request) (int64, bool) {
 	h := strings.TrimSpace(r.Header.Get("If-Match"))
 	if h == "" {
-		writeProblem(w, problem{Status: http.StatusPreconditionRequired, Type: typeIfMatchRequired, Title: "If-Match required",
+		problem.Write(w, problem.Problem{Status: http.StatusPreconditionRequired, Type: typeIfMatchRequired, Title: "If-Match required",
 			Detail: `send If-Match with the ETag of the order you read, e.g. If-Match: "1"`})
 		return 0, false
 	}
 	m := etagRE.FindStringSubmatch(h)
 	if m == nil {
-		writeProblem(w, problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed If-Match",
-			Detail: `If-Match must be one quoted version, e.g. "3"`, Errors: []orders.FieldError{{Field: "If-Match", Message: "is not a version ETag"}}})
+		problem.Write(w, problem.Problem{Status: http.StatusBadRequest, Type: typeMalformed, Title: "Malformed If-Match",
+			Detail: `If-Match must be one quoted version, e.g. "3"`, Errors: []problem.FieldError{{Field: "If-Match", Message: "is not a version ETag"}}})
 		return 0, false
 	}
 	v, _ := strconv.ParseInt(m[1], 10, 64) // 18 digits at most: fits
@@ -477,7 +478,7 @@ func orderID(w http.ResponseWriter, r *http.Request) (uuid.UUID, bool) {
 	id, err := uuid.Parse(chi.URLParam(r, "id"))
 	if err != nil {
 		// Not a UUID, so it names no order.
-		writeProblem(w, problem{Status: http.StatusNotFound, Detail: "order not found"})
+		problem.Write(w, problem.Problem{Status: http.StatusNotFound, Detail: "order not found"})
 		return uuid.Nil, false
 	}
 	return id, true
@@ -536,7 +537,7 @@ func (a *api) recoverer(next http.Handler) http.Handler {
 				}
 				a.Log.ErrorContext(r.Context(), "panic serving request", "path", r.URL.Path, "panic", fmt.Sprint(rec),
 					"request_id", middleware.GetReqID(r.Context()))
-				writeProblem(w, problem{Status: http.StatusInternalServerError, Detail: "internal error"})
+				problem.Write(w, problem.Problem{Status: http.StatusInternalServerError, Detail: "internal error"})
 			}
 		}()
 		next.ServeHTTP(w, r)

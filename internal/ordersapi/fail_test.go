@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/orders/internal/orders"
+	"github.com/outboxref/orders/internal/outbox/problem"
 )
 
 // TestFailEventTooLarge (W6): a command whose event would exceed the
@@ -24,7 +25,7 @@ func TestFailEventTooLarge(t *testing.T) {
 	a.fail(rec, httptest.NewRequest(http.MethodPost, "/orders", nil), fmt.Errorf("record place events: %w", orders.ErrEventTooLarge))
 	require.Equal(t, http.StatusRequestEntityTooLarge, rec.Code)
 	require.Equal(t, "application/problem+json", rec.Header().Get("Content-Type"))
-	var p problem
+	var p problem.Problem
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &p))
 	require.Equal(t, typeTooLarge, p.Type)
 	require.Equal(t, "Event too large", p.Title)
@@ -39,7 +40,7 @@ func TestFailUnavailable(t *testing.T) {
 	a.fail(rec, httptest.NewRequest(http.MethodPost, "/orders", nil), fmt.Errorf("place: %w", orders.ErrUnavailable))
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code)
 	require.Equal(t, "1", rec.Header().Get("Retry-After"))
-	var p problem
+	var p problem.Problem
 	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &p))
 	require.Equal(t, typeUnavailable, p.Type)
 

@@ -1,29 +1,20 @@
 package ordersapi
 
 import (
-	"encoding/json"
 	"net/http"
 
 	"github.com/outboxref/orders/internal/auth"
+	"github.com/outboxref/orders/internal/orders"
+	"github.com/outboxref/orders/internal/outbox/problem"
 )
 
-// problem is an RFC 9457 problem details body. Extension members (such as
-// current_version or errors) are flattened into the object.
-type problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-	// Errors names each invalid field of a validation failure.
-	Errors any `json:"errors,omitempty"`
-	// CurrentVersion is the order's version on a 412, so the client can
-	// re-read and decide.
-	CurrentVersion *int64 `json:"current_version,omitempty"`
-}
+// Errors are RFC 9457 problems written by outbox/problem, the module's one
+// problem writer. What is the orders API's own stays here: its problem
+// types, and the extension member "current_version", the order's version
+// on a 412, so the client can re-read and decide.
 
 // Problem types, one per distinct failure a client may handle.
 const (
-	typeBlank            = "about:blank"
 	typeMalformed        = "urn:outboxref:problem:malformed-request"
 	typeValidation       = "urn:outboxref:problem:validation"
 	typeTooLarge         = "urn:outboxref:problem:body-too-large"
@@ -35,24 +26,20 @@ const (
 	typeUnavailable      = "urn:outboxref:problem:unavailable"
 )
 
-func writeProblem(w http.ResponseWriter, p problem) {
-	if p.Type == "" {
-		p.Type = typeBlank
+// fieldErrors lists the domain's invalid fields as a problem lists them.
+func fieldErrors(fe []orders.FieldError) []problem.FieldError {
+	out := make([]problem.FieldError, len(fe))
+	for i, f := range fe {
+		out[i] = problem.FieldError{Field: f.Field, Message: f.Message}
 	}
-	if p.Title == "" {
-		p.Title = http.StatusText(p.Status)
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(p)
+	return out
 }
 
 // requireAdmin answers 403 to any caller without the admin role.
 func requireAdmin(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p, ok := auth.FromContext(r.Context()); !ok || p.Role != auth.RoleAdmin {
-			writeProblem(w, problem{Status: http.StatusForbidden, Detail: "the admin API needs the admin role"})
+			problem.Write(w, problem.Problem{Status: http.StatusForbidden, Detail: "the admin API needs the admin role"})
 			return
 		}
 		next.ServeHTTP(w, r)

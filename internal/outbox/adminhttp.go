@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxref/orders/internal/outbox/adminguard"
+	"github.com/outboxref/orders/internal/outbox/problem"
 )
 
 // AdminHandlerConfig wires the operations' HTTP API into a service.
@@ -52,7 +53,10 @@ type AdminHandlerConfig struct {
 //	PUT  /publish-modes/{type}     {"mode": "direct|shadow|outbox", "reason": "…"}
 //	GET  /shadow-report            ?type=&since= (RFC 3339 or a duration; 24h by default)
 //
-// Every write requires a reason and is audited with the caller.
+// Every write requires a reason and is audited with the caller. The
+// request and answer bodies are the types of adminapi.go, which
+// AdminClient sends and reads: one definition for both ends. Errors are
+// problem documents (outbox/problem).
 //
 // Input is checked before any handler runs (adminguard): a path, query
 // value or JSON string with a NUL, bytes that are not UTF-8 or a control
@@ -109,7 +113,7 @@ func (h *adminHandler) stats(w http.ResponseWriter, r *http.Request) {
 func (h *adminHandler) parked(w http.ResponseWriter, r *http.Request) {
 	f := ParkedFilter{EventType: r.URL.Query().Get("type"), AggregateID: r.URL.Query().Get("aggregate")}
 	if s := r.URL.Query().Get("since"); s != "" {
-		t, err := parseSince(s)
+		t, err := ParseSince(s)
 		if err != nil {
 			h.problem(w, http.StatusBadRequest, "since must be an RFC 3339 time or a duration such as 2h")
 			return
@@ -120,8 +124,11 @@ func (h *adminHandler) parked(w http.ResponseWriter, r *http.Request) {
 	h.reply(w, r, http.StatusOK, list, err)
 }
 
-// parseSince accepts a time or a duration back from now.
-func parseSince(s string) (time.Time, error) {
+// ParseSince reads the since parameter of GET /events/parked and GET
+// /shadow-report: an RFC 3339 time, or a duration back from now ("2h").
+// AdminClient callers parse an operator's --since with it too, so both
+// ends accept the same text.
+func ParseSince(s string) (time.Time, error) {
 	if d, err := time.ParseDuration(s); err == nil {
 		return time.Now().Add(-d), nil
 	}
@@ -142,11 +149,7 @@ func (h *adminHandler) repair(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var in struct {
-		Payload       json.RawMessage `json:"payload"`
-		SchemaVersion int             `json:"schema_version"`
-		Reason        string          `json:"reason"`
-	}
+	var in RepairRequest
 	if !h.decode(w, r, &in) {
 		return
 	}
@@ -155,11 +158,7 @@ func (h *adminHandler) repair(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *adminHandler) resume(w http.ResponseWriter, r *http.Request) {
-	var in struct {
-		IDs    []uuid.UUID `json:"ids"`
-		Type   string      `json:"type"`
-		Reason string      `json:"reason"`
-	}
+	var in ResumeRequest
 	if !h.decode(w, r, &in) {
 		return
 	}
@@ -168,14 +167,11 @@ func (h *adminHandler) resume(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ids, err := h.a.Resume(r.Context(), in.IDs, in.Type, h.actor(r, in.Reason))
-	h.reply(w, r, http.StatusOK, map[string]any{"resumed": ids}, err)
+	h.reply(w, r, http.StatusOK, ResumeResult{Resumed: ids}, err)
 }
 
 func (h *adminHandler) plan(w http.ResponseWriter, r *http.Request) {
-	var in struct {
-		ReplaySelector
-		Reason string `json:"reason"`
-	}
+	var in PlanRequest
 	if !h.decode(w, r, &in) {
 		return
 	}
@@ -197,9 +193,7 @@ func (h *adminHandler) approve(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var in struct {
-		Reason string `json:"reason"`
-	}
+	var in ReasonRequest
 	if !h.decode(w, r, &in) {
 		return
 	}
@@ -218,9 +212,7 @@ func (h *adminHandler) run(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var in struct {
-		Reason string `json:"reason"`
-	}
+	var in ReasonRequest
 	if !h.decode(w, r, &in) {
 		return
 	}
@@ -251,22 +243,19 @@ func (h *adminHandler) publishModes(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *adminHandler) setPublishMode(w http.ResponseWriter, r *http.Request) {
-	var in struct {
-		Mode   PublishMode `json:"mode"`
-		Reason string      `json:"reason"`
-	}
+	var in PublishModeRequest
 	if !h.decode(w, r, &in) {
 		return
 	}
 	typ := r.PathValue("type")
 	before, err := h.a.SetPublishMode(r.Context(), h.actor(r, in.Reason), typ, in.Mode)
-	h.reply(w, r, http.StatusOK, map[string]any{"event_type": typ, "from": before, "to": in.Mode}, err)
+	h.reply(w, r, http.StatusOK, PublishModeChange{EventType: typ, From: before, To: in.Mode}, err)
 }
 
 func (h *adminHandler) shadowReport(w http.ResponseWriter, r *http.Request) {
 	since := time.Now().Add(-24 * time.Hour)
 	if s := r.URL.Query().Get("since"); s != "" {
-		t, err := parseSince(s)
+		t, err := ParseSince(s)
 		if err != nil {
 			h.problem(w, http.StatusBadRequest, "since must be an RFC 3339 time or a duration such as 2h")
 			return
@@ -330,10 +319,10 @@ func (h *adminHandler) reply(w http.ResponseWriter, r *http.Request, status int,
 	}
 }
 
+// problem answers with a problem document of type about:blank: the status
+// says what kind of failure it is, the detail which one.
 func (h *adminHandler) problem(w http.ResponseWriter, status int, detail string) {
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"type": "about:blank", "title": http.StatusText(status), "status": status, "detail": detail})
+	problem.Write(w, problem.Problem{Status: status, Detail: detail})
 }
 
 func writeAdminJSON(w http.ResponseWriter, status int, v any) {

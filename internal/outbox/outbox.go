@@ -66,6 +66,12 @@
 //     replays whose process stopped and let a stopping one record where
 //     it was; Cleanup (the retention, into outbox_archive); Collector;
 //     Handler and AdminHandlerConfig, the same as a JSON HTTP API.
+//   - AdminClient, NewAdminClient: that API's client, one method per
+//     endpoint, with its bodies (RepairRequest, ResumeRequest,
+//     ResumeResult, PlanRequest, ReasonRequest, PublishModeRequest,
+//     PublishModeChange) shared with the handler, and ParseSince for the
+//     since parameter; errors come back as the *problem.Problem of the
+//     outbox/problem package, the module's one RFC 9457 writer.
 //
 // Migrating from publishing inside the transaction (O7):
 //   - PublishMode (ModeDirect, ModeShadow, ModeOutbox), ParsePublishMode:

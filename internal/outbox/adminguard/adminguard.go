@@ -28,9 +28,10 @@
 //     path leaves the prefix the API is mounted under (/admin/events/../stats
 //     would become /stats).
 //
-// The package imports only the standard library, so the outbox, which a
-// service copies with `cp -r`, keeps it with it (L1); the notifier imports
-// it from here, as it imports outbox/cloudevents.
+// Its refusals are written by outbox/problem, the module's one problem
+// writer. The package imports only the standard library and that sibling,
+// so the outbox, which a service copies with `cp -r`, keeps it with it
+// (L1); the notifier imports it from here, as it imports outbox/cloudevents.
 package adminguard
 
 import (
@@ -46,6 +47,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/outboxref/orders/internal/outbox/problem"
 )
 
 // MaxReasonChars bounds an audit reason, in characters: the CHECK on the
@@ -183,7 +186,7 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			segments, ok := pathSegments(r.URL)
 			if !ok {
-				writeProblem(w, http.StatusNotFound, "about:blank", "no such resource: the path has an empty, \".\" or \"..\" segment", nil)
+				writeProblem(w, http.StatusNotFound, problem.TypeBlank, "no such resource: the path has an empty, \".\" or \"..\" segment", nil)
 				return
 			}
 			if err := checkPath(r, segments, cfg.Pattern); err != nil {
@@ -199,10 +202,10 @@ func Middleware(cfg Config) func(http.Handler) http.Handler {
 				_ = r.Body.Close()
 				switch {
 				case err != nil:
-					writeProblem(w, http.StatusBadRequest, "about:blank", "the body could not be read", nil)
+					writeProblem(w, http.StatusBadRequest, problem.TypeBlank, "the body could not be read", nil)
 					return
 				case int64(len(body)) > cfg.MaxBodyBytes:
-					writeProblem(w, http.StatusRequestEntityTooLarge, "about:blank", fmt.Sprintf("the body exceeds %d bytes", cfg.MaxBodyBytes), nil)
+					writeProblem(w, http.StatusRequestEntityTooLarge, problem.TypeBlank, fmt.Sprintf("the body exceeds %d bytes", cfg.MaxBodyBytes), nil)
 					return
 				}
 				if err := CheckJSON(body, payload); err != nil {
@@ -448,32 +451,16 @@ func refuse(w http.ResponseWriter, err error) {
 	writeProblem(w, http.StatusBadRequest, TypeValidation, fe.Error(), fe)
 }
 
-// problemBody is an RFC 9457 problem with the field at fault twice: as the
-// extension member "field", and in "errors" as the services' other
-// validation failures list theirs (internal/problem reads that list).
-type problemBody struct {
-	Type   string       `json:"type"`
-	Title  string       `json:"title"`
-	Status int          `json:"status"`
-	Detail string       `json:"detail"`
-	Field  string       `json:"field,omitempty"`
-	Errors []fieldEntry `json:"errors,omitempty"`
-}
-
-type fieldEntry struct {
-	Field   string `json:"field"`
-	Message string `json:"message"`
-}
-
+// writeProblem answers with a problem document. A refused field is named
+// twice: in "errors", as the services' other validation failures list
+// theirs, and as the extension member "field", for a client that wants the
+// one field without walking a list.
 func writeProblem(w http.ResponseWriter, status int, typ, detail string, fe *FieldError) {
-	p := problemBody{Type: typ, Title: http.StatusText(status), Status: status, Detail: detail}
+	p := problem.Problem{Type: typ, Status: status, Detail: detail}
 	if fe != nil {
 		p.Title = "Invalid request"
-		p.Field = fe.Field
-		p.Errors = []fieldEntry{{Field: fe.Field, Message: fe.Message}}
+		p.Errors = []problem.FieldError{{Field: fe.Field, Message: fe.Message}}
+		p.Extensions = map[string]any{"field": fe.Field}
 	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(p)
+	problem.Write(w, p)
 }
