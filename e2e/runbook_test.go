@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -116,19 +117,15 @@ func TestRunbookCommands(t *testing.T) {
 	notifierURL := "http://" + c.notifierAddr
 	waitReady(t, notifier, notifierURL+"/readyz")
 
-	// The runbook's CLIs find their service at ADMIN_API_URL; on the test's
-	// ports, each binary gets its own, as the runbook says to do.
-	bin := t.TempDir()
-	for name, urlVar := range map[string]string{"orders": "ORDERS_URL", "notifier": "NOTIFIER_URL"} {
-		script := fmt.Sprintf("#!/bin/sh\nADMIN_API_URL=\"$%s\" exec %q \"$@\"\n", urlVar, filepath.Join(binDir, name))
-		require.NoError(t, os.WriteFile(filepath.Join(bin, name), []byte(script), 0o755))
-	}
-	work := t.TempDir()
+	// Each block runs as in the demo, in a shell that sourced
+	// scripts/demo-env.sh: in a copy of the repository's layout whose
+	// .demo/bin holds the binaries under test, with the demo's ports set to
+	// the test's. The script itself sets PATH, ORDERS_URL, NOTIFIER_URL,
+	// ADMIN_API_TOKEN and each CLI's ADMIN_API_URL; only the databases,
+	// whose names differ from the demo's, are set again after it.
+	work := demoRoot(t)
+	demoPorts := map[string]string{"ORDERS_PORT": port(t, c.ordersAddr), "NOTIFIER_PORT": port(t, c.notifierAddr)}
 	env := map[string]string{
-		"PATH":                  bin + string(os.PathListSeparator) + os.Getenv("PATH"),
-		"ORDERS_URL":            "http://" + c.ordersAddr,
-		"NOTIFIER_URL":          notifierURL,
-		"ADMIN_API_TOKEN":       "dev-ops",
 		"ORDERS_DATABASE_URL":   c.odb.URL,
 		"NOTIFIER_DATABASE_URL": c.ndb.URL,
 	}
@@ -338,7 +335,7 @@ func TestRunbookCommands(t *testing.T) {
 		if step.before != nil {
 			step.before(t, env)
 		}
-		out := runRunbookBlock(t, b, env, step.env, work, c)
+		out := runRunbookBlock(t, b, demoPorts, env, step.env, work, c)
 		if step.check != nil {
 			step.check(t, out, env)
 		}
@@ -348,17 +345,54 @@ func TestRunbookCommands(t *testing.T) {
 	}
 }
 
+// demoRoot returns a directory laid out as the repository is for the
+// demo: scripts/demo-env.sh and scripts/demo.env copied from this
+// repository, and .demo/bin, where demo.sh builds the binaries, linked to
+// the binaries under test.
+func demoRoot(t *testing.T) string {
+	t.Helper()
+	root := t.TempDir()
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "scripts"), 0o755))
+	for _, name := range []string{"demo-env.sh", "demo.env"} {
+		b, err := os.ReadFile(filepath.Join("..", "scripts", name))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(root, "scripts", name), b, 0o644))
+	}
+	require.NoError(t, os.MkdirAll(filepath.Join(root, ".demo"), 0o755))
+	require.NoError(t, os.Symlink(binDir, filepath.Join(root, ".demo", "bin")))
+	return root
+}
+
+// port returns the port of a host:port address.
+func port(t *testing.T, addr string) string {
+	t.Helper()
+	_, p, err := net.SplitHostPort(addr)
+	require.NoError(t, err)
+	return p
+}
+
 // runRunbookBlock runs a sh block with bash (-e, -u, pipefail) or a sql
 // block with psql against the database its marker names, and returns the
-// output.
-func runRunbookBlock(t *testing.T, b runbookBlock, env, extra map[string]string, dir string, c *chain) string {
+// output. A sh block runs in dir, as a user of the demo runs it: after
+// `. scripts/demo-env.sh` with demoEnv in the environment, then with the
+// variables of env and extra exported (the test's databases and the values
+// each section's prose tells the reader to set).
+func runRunbookBlock(t *testing.T, b runbookBlock, demoEnv, env, extra map[string]string, dir string, c *chain) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var cmd *exec.Cmd
 	switch b.lang {
 	case "sh":
-		cmd = exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", b.body)
+		var script strings.Builder
+		script.WriteString(". scripts/demo-env.sh\n")
+		for _, m := range []map[string]string{env, extra} {
+			for k, v := range m {
+				fmt.Fprintf(&script, "export %s='%s'\n", k, strings.ReplaceAll(v, "'", `'\''`))
+			}
+		}
+		script.WriteString(b.body)
+		cmd = exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script.String())
 	case "sql":
 		dbURL := c.odb.URL
 		if strings.HasPrefix(b.marker, "notifier") {
@@ -368,10 +402,8 @@ func runRunbookBlock(t *testing.T, b runbookBlock, env, extra map[string]string,
 	}
 	cmd.Dir = dir
 	cmd.Env = os.Environ()
-	for _, m := range []map[string]string{env, extra} {
-		for k, v := range m {
-			cmd.Env = append(cmd.Env, k+"="+v)
-		}
+	for k, v := range demoEnv {
+		cmd.Env = append(cmd.Env, k+"="+v)
 	}
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "docs/runbook.md:%d (%s) failed:\n%s\noutput:\n%s", b.line, b.marker, b.body, out)

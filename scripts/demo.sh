@@ -166,6 +166,13 @@ Place an order:
 Watch the events (kcat; on Debian: apt-get install kcat):
   kcat -C -b $BROKER -t $ORDERS_TOPIC -f 'partition %p offset %o key %k\nheaders %h\n%s\n\n'
 
+Operate it with the runbook's commands (docs/runbook.md): in another shell,
+from $PWD, first run
+  . scripts/demo-env.sh
+It puts $state/bin on PATH and sets ADMIN_API_TOKEN, ORDERS_URL, NOTIFIER_URL
+and the rest for this demo (set the same *_PORT variables there if you
+changed any here). Then, for example: orders admin stats
+
 Crash it: every service is restarted when it exits, so try
   kill -9 "\$(cat $state/orders.pid)"
 while orders are being created; no committed event is lost (check the outbox

@@ -3,6 +3,8 @@ package invoices_test
 import (
 	"bufio"
 	"context"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,8 +18,9 @@ import (
 
 // docs/adopting.md walks a new service through adopting the outbox and the
 // inbox. These tests keep it true: its shell blocks are what
-// TestCopyIntoFreshModule runs, its Go snippets are checked against the
-// files they quote, and its SQL runs against a migrated database.
+// TestCopyIntoFreshModule runs, its Go snippets are whole declarations of
+// the files they quote, compiled in the fresh module that test makes, and
+// its SQL runs against a migrated database.
 
 // Markers written on the line before a shell block of the guide. Every
 // shell block carries one, so no command in the guide goes unrun.
@@ -99,7 +102,7 @@ func TestAdoptingGuide(t *testing.T) {
 		require.GreaterOrEqual(t, n, 4, "the guide's shell blocks")
 	})
 
-	t.Run("GoSnippetsMatchTheirFiles", func(t *testing.T) {
+	t.Run("GoSnippetsAreWholeDeclarationsOfTheirFiles", func(t *testing.T) {
 		t.Parallel()
 		var n int
 		for _, b := range blocks {
@@ -110,9 +113,7 @@ func TestAdoptingGuide(t *testing.T) {
 			require.NotEmpty(t, b.source, "the Go block at line %d names no file it comes from", b.line)
 			src, err := os.ReadFile(filepath.Join(root, b.source))
 			require.NoError(t, err, "the Go block at line %d", b.line)
-			if missing := unquoted(b.body, string(src)); missing != "" {
-				t.Errorf("the Go block at line %d no longer matches %s: %q is not there (in this order)", b.line, b.source, missing)
-			}
+			checkSnippet(t, b, string(src))
 		}
 		require.GreaterOrEqual(t, n, 8, "the guide's Go snippets")
 	})
@@ -149,29 +150,17 @@ func TestAdoptingGuide(t *testing.T) {
 	})
 }
 
-// unquoted returns the first line of snippet that is not in src, in order,
-// or "". Lines are compared without their indentation; blank lines and the
-// elision marker "// …" are skipped.
-func unquoted(snippet, src string) string {
-	var have []string
-	for _, l := range strings.Split(src, "\n") {
-		have = append(have, strings.TrimSpace(l))
-	}
-	at := 0
-	for _, l := range strings.Split(snippet, "\n") {
-		l = strings.TrimSpace(l)
-		if l == "" || l == "// …" {
-			continue
-		}
-		for at < len(have) && have[at] != l {
-			at++
-		}
-		if at == len(have) {
-			return l
-		}
-		at++
-	}
-	return ""
+// checkSnippet fails the test unless the Go block b is something a reader
+// can copy as it stands: whole top-level declarations (it parses as the
+// body of a file), nothing elided, and found exactly once, character for
+// character, in src, the file it quotes.
+func checkSnippet(t *testing.T, b block, src string) {
+	t.Helper()
+	require.NotContains(t, b.body, "…", "the Go block at line %d leaves something out; show the whole declaration", b.line)
+	_, err := parser.ParseFile(token.NewFileSet(), b.source, "package p\n\n"+b.body, parser.ParseComments)
+	require.NoError(t, err, "the Go block at line %d is not a sequence of whole declarations", b.line)
+	require.Equal(t, 1, strings.Count(src, b.body),
+		"the Go block at line %d is not, exactly once and as it stands, in %s:\n%s", b.line, b.source, b.body)
 }
 
 // TestCopyIntoFreshModule is the copy check (L1): it runs the shell blocks
@@ -180,7 +169,8 @@ func unquoted(snippet, src string) string {
 // with their one import-path change, adds their dependencies, and builds,
 // vets and tests them there, and (where sqlc is installed) checks that
 // their sqlc configurations still generate the committed code. A failure
-// prints the block and everything it wrote.
+// prints the block and everything it wrote. Then it compiles the guide's
+// Go snippets against those copies (compileGuideSnippets).
 func TestCopyIntoFreshModule(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
@@ -234,6 +224,68 @@ func TestCopyIntoFreshModule(t *testing.T) {
 	}))
 	for _, p := range []string{"internal/outbox/writer.go", "internal/inbox/inbox.go", "internal/outbox/migrations/00001_outbox.sql"} {
 		require.FileExists(t, filepath.Join(dir, p))
+	}
+
+	compileGuideSnippets(ctx, t, root, dir, module, env)
+}
+
+// compileGuideSnippets compiles the Go blocks of docs/adopting.md in the
+// fresh module dir, against its copies of the outbox and the inbox. The
+// blocks are declarations of examples/invoices, whose other declarations
+// (Config, the defaults, input checks) they need, so the example is copied
+// to internal/invoices with this module's import paths changed to the
+// fresh one's; each block is then cut out of its file there, which must
+// hold it exactly once, and the guide's text appended to that file in its
+// place. The package builds and vets with the guide's text, or the test
+// fails naming what does not compile.
+func compileGuideSnippets(ctx context.Context, t *testing.T, root, dir, module string, env []string) {
+	t.Helper()
+	const example = "examples/invoices"
+	dst := filepath.Join(dir, "internal", "invoices")
+	paths := strings.NewReplacer(
+		"github.com/outboxref/orders/"+example, module+"/internal/invoices",
+		"github.com/outboxref/orders/internal/", module+"/internal/",
+	)
+	require.NoError(t, filepath.WalkDir(filepath.Join(root, example), func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		rel, err := filepath.Rel(filepath.Join(root, example), path)
+		require.NoError(t, err)
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.NoError(t, os.MkdirAll(filepath.Dir(filepath.Join(dst, rel)), 0o755))
+		return os.WriteFile(filepath.Join(dst, rel), []byte(paths.Replace(string(b))), 0o644)
+	}))
+
+	files := map[string]string{} // file of the copy -> its text so far
+	var n int
+	for _, b := range guideBlocks(t) {
+		if b.lang != "go" {
+			continue
+		}
+		rel, ok := strings.CutPrefix(b.source, example+"/")
+		require.True(t, ok, "the Go block at line %d quotes %s, not a file of %s", b.line, b.source, example)
+		file := filepath.Join(dst, filepath.FromSlash(rel))
+		text, seen := files[file]
+		if !seen {
+			raw, err := os.ReadFile(file)
+			require.NoError(t, err)
+			text = string(raw)
+		}
+		require.Equal(t, 1, strings.Count(text, b.body), "the Go block at line %d is not, exactly once, in %s", b.line, b.source)
+		files[file] = strings.Replace(text, b.body, "", 1) + "\n" + b.body
+		n++
+	}
+	require.GreaterOrEqual(t, n, 8, "the guide's Go snippets")
+	for file, text := range files {
+		require.NoError(t, os.WriteFile(file, []byte(text), 0o644))
+	}
+	for _, args := range [][]string{{"build", "./internal/invoices/..."}, {"vet", "./internal/invoices/..."}} {
+		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd.Dir, cmd.Env = dir, env
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "go %s of the guide's Go snippets in the fresh module:\n%s", strings.Join(args, " "), out)
 	}
 }
 

@@ -46,9 +46,9 @@ type Config struct {
 	// Pool is the database that holds the outbox table.
 	Pool *pgxpool.Pool
 	// Kafka holds the options that reach the cluster (seed brokers, TLS,
-	// SASL, logger), e.g. from kafkaconf. The relay adds its producer
-	// settings after them and owns the client it builds: Run creates it,
-	// flushes it and closes it.
+	// SASL, logger) as the service configures them. The relay adds its
+	// producer settings after them and owns the client it builds: Run
+	// creates it, flushes it and closes it.
 	Kafka []kgo.Opt
 	// Topic receives every event; the record key is the aggregate id, so
 	// one aggregate's events share a partition.
