@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/orders/internal/outbox/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/relay/drainloop"
 )
 
 // fillSQL writes aggregates lo..hi as committed outbox rows, two per order:
@@ -137,34 +137,10 @@ func claimConfirmLoop(ctx context.Context, pool *pgxpool.Pool, batch int) (int, 
 	if err := relaxCommits(ctx, conn); err != nil {
 		return 0, 0, err
 	}
-	q := outboxdb.New(conn)
 	start := time.Now()
-	var n int
-	var offset int64
-	for {
-		token := uuid.New()
-		rows, err := q.OutboxClaim(ctx, outboxdb.OutboxClaimParams{
-			LeaseOwner: "bench-sql-loop", LeaseToken: token, LeaseSeconds: 30,
-			IndependentTypes: []string{}, BatchSize: int32(batch),
-		})
-		if err != nil {
-			return n, 0, fmt.Errorf("claim: %w", err)
-		}
-		if len(rows) == 0 {
-			break
-		}
-		p := outboxdb.OutboxConfirmParams{LeaseToken: token}
-		for _, r := range rows {
-			p.EventIDs = append(p.EventIDs, r.EventID)
-			p.Partitions = append(p.Partitions, int32(offset%6))
-			p.Offsets = append(p.Offsets, offset)
-			offset++
-		}
-		done, err := q.OutboxConfirm(ctx, p)
-		if err != nil {
-			return n, 0, fmt.Errorf("confirm: %w", err)
-		}
-		n += len(done)
+	n, err := drainloop.Drain(ctx, conn, batch)
+	if err != nil {
+		return n, 0, err
 	}
 	return n, time.Since(start), nil
 }

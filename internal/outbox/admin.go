@@ -15,7 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxref/orders/internal/outbox/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 )
 
 // Errors of the operations (Admin).

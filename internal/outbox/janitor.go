@@ -8,7 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxref/orders/internal/outbox/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 )
 
 // cleanupLockKey serialises outbox cleanups across every process that runs

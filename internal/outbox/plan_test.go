@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/orders/internal/outbox"
-	"github.com/outboxref/orders/internal/outbox/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 )
 
 // TestQueriesKeepTheirOrderOnABacklog: the relay's claim and the

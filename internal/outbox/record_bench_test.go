@@ -10,7 +10,7 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/outboxref/orders/internal/outbox/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 )
 
 // benchLeased is one claimed row as the drain benchmark writes them, with

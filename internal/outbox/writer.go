@@ -13,7 +13,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
-	"github.com/outboxref/orders/internal/outbox/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 )
 
 // MaxPayloadBytes bounds one event's payload at write time (W6). Large
