@@ -18,8 +18,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxref/orders/internal/envconfig"
-	"github.com/outboxref/orders/internal/outbox"
 	"github.com/outboxref/orders/internal/outbox/adminguard"
+	"github.com/outboxref/orders/internal/outbox/operate"
 )
 
 const adminUsage = `usage: orders admin <command> [flags]   (ADMIN_API_URL, ADMIN_API_TOKEN; --json for raw output)
@@ -144,7 +144,7 @@ func (a adminArgs) check(usage string, takes ...string) error {
 	return nil
 }
 
-// runAdmin is `orders admin`: a thin layer over outbox.AdminClient, the
+// runAdmin is `orders admin`: a thin layer over operate.AdminClient, the
 // client of the /admin API. It prints tables by default and the API's JSON
 // with --json.
 func runAdmin(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -175,7 +175,7 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 	if err != nil {
 		return err
 	}
-	cmd := &adminCommand{c: outbox.NewAdminClient(cfg.URL+"/admin", cfg.Token), a: a, out: stdout}
+	cmd := &adminCommand{c: operate.NewAdminClient(cfg.URL+"/admin", cfg.Token), a: a, out: stdout}
 	if a.pos[0] == "replay" {
 		return cmd.replay(ctx)
 	}
@@ -185,7 +185,7 @@ func runAdmin(ctx context.Context, args []string, getenv func(string) string, st
 // adminCommand is one command line: the client, its arguments and where
 // to print.
 type adminCommand struct {
-	c   *outbox.AdminClient
+	c   *operate.AdminClient
 	a   adminArgs
 	out io.Writer
 }
@@ -238,9 +238,9 @@ func (x *adminCommand) run(ctx context.Context) error {
 		if err := args(0, "parked [--type T] [--aggregate A] [--since D]", "type", "aggregate", "since"); err != nil {
 			return err
 		}
-		f := outbox.ParkedFilter{EventType: a.values["type"], AggregateID: a.values["aggregate"]}
+		f := operate.ParkedFilter{EventType: a.values["type"], AggregateID: a.values["aggregate"]}
 		if s := a.values["since"]; s != "" {
-			t, err := outbox.ParseSince(s)
+			t, err := operate.ParseSince(s)
 			if err != nil {
 				return fmt.Errorf("--since %q: want an RFC 3339 time or a duration such as 2h", adminguard.Printable(s))
 			}
@@ -274,7 +274,7 @@ func (x *adminCommand) run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		req := outbox.RepairRequest{Reason: x.reason()}
+		req := operate.RepairRequest{Reason: x.reason()}
 		if f := a.values["payload"]; f != "" {
 			b, err := os.ReadFile(f)
 			if err != nil {
@@ -305,7 +305,7 @@ func (x *adminCommand) run(ctx context.Context) error {
 		if err := a.check(usage, "type", "reason"); err != nil {
 			return err
 		}
-		req := outbox.ResumeRequest{Type: a.values["type"], Reason: x.reason()}
+		req := operate.ResumeRequest{Type: a.values["type"], Reason: x.reason()}
 		for _, s := range rest {
 			id, err := parseID("an event", s)
 			if err != nil {
@@ -341,7 +341,7 @@ func (x *adminCommand) run(ctx context.Context) error {
 			if err := a.check(usage, "reason"); err != nil {
 				return err
 			}
-			ch, err := x.c.SetPublishMode(ctx, rest[0], outbox.PublishModeRequest{Mode: outbox.PublishMode(rest[1]), Reason: x.reason()})
+			ch, err := x.c.SetPublishMode(ctx, rest[0], operate.PublishModeRequest{Mode: operate.PublishMode(rest[1]), Reason: x.reason()})
 			if err != nil {
 				return failed(name, err)
 			}
@@ -358,7 +358,7 @@ func (x *adminCommand) run(ctx context.Context) error {
 		}
 		var since time.Time
 		if s := a.values["since"]; s != "" {
-			t, err := outbox.ParseSince(s)
+			t, err := operate.ParseSince(s)
 			if err != nil {
 				return fmt.Errorf("--since %q: want an RFC 3339 time or a duration such as 2h", adminguard.Printable(s))
 			}
@@ -392,7 +392,7 @@ func (x *adminCommand) replay(ctx context.Context) error {
 		if err := a.check(usage, "ids", "from", "to", "type", "reason"); err != nil {
 			return err
 		}
-		req := outbox.PlanRequest{ReplaySelector: outbox.ReplaySelector{Type: a.values["type"]}, Reason: x.reason()}
+		req := operate.PlanRequest{ReplaySelector: operate.ReplaySelector{Type: a.values["type"]}, Reason: x.reason()}
 		if ids := a.values["ids"]; ids != "" {
 			for _, s := range strings.Split(ids, ",") {
 				id, err := parseID("an event", s)
@@ -438,7 +438,7 @@ func (x *adminCommand) replay(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	var p outbox.ReplayPlan
+	var p operate.ReplayPlan
 	switch sub {
 	case "show":
 		p, err = x.c.ReplayPlan(ctx, id)
@@ -527,7 +527,7 @@ func table(w io.Writer, header []string, rows [][]string) {
 	_ = tw.Flush()
 }
 
-func printStats(w io.Writer, stats []outbox.Stat) {
+func printStats(w io.Writer, stats []operate.Stat) {
 	rows := make([][]string, len(stats))
 	for i, s := range stats {
 		rows[i] = []string{text(s.EventType), text(s.State), fmt.Sprint(s.Count), when(s.Oldest)}
@@ -535,7 +535,7 @@ func printStats(w io.Writer, stats []outbox.Stat) {
 	table(w, []string{"EVENT_TYPE", "STATE", "COUNT", "OLDEST"}, rows)
 }
 
-func printParked(w io.Writer, list []outbox.EventSummary) {
+func printParked(w io.Writer, list []operate.EventSummary) {
 	rows := make([][]string, len(list))
 	for i, e := range list {
 		rows[i] = []string{e.EventID.String(), text(e.EventType), text(e.AggregateID), fmt.Sprint(e.AggregateVersion),
@@ -546,7 +546,7 @@ func printParked(w io.Writer, list []outbox.EventSummary) {
 
 // printEvent prints an event's fields, then its payload, audit trail and
 // replays. A field that is unset (no error, not delivered) is left out.
-func printEvent(w io.Writer, d outbox.EventDetail) {
+func printEvent(w io.Writer, d operate.EventDetail) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	field := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	field("event_id", d.EventID.String())
@@ -605,7 +605,7 @@ func printEvent(w io.Writer, d outbox.EventDetail) {
 
 // printPlan prints a plan: who planned and approved it, where its run is,
 // what it publishes and who will see it.
-func printPlan(w io.Writer, p outbox.ReplayPlan) {
+func printPlan(w io.Writer, p operate.ReplayPlan) {
 	fmt.Fprintf(w, "plan %s: %s (planned by %s: %s)\n", p.ID, text(p.Status), text(p.CreatedBy), text(p.Reason))
 	if p.NeedsApproval && p.ApprovedBy == "" {
 		fmt.Fprintln(w, "needs the approval of a second admin: orders admin replay approve", p.ID, "--reason R")
@@ -647,7 +647,7 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-func printModes(w io.Writer, list []outbox.ModeSetting) {
+func printModes(w io.Writer, list []operate.ModeSetting) {
 	rows := make([][]string, len(list))
 	for i, m := range list {
 		rows[i] = []string{text(m.EventType), text(string(m.Mode)), when(m.ChangedAt), text(m.ChangedBy)}
@@ -655,7 +655,7 @@ func printModes(w io.Writer, list []outbox.ModeSetting) {
 	table(w, []string{"EVENT_TYPE", "MODE", "CHANGED_AT", "CHANGED_BY"}, rows)
 }
 
-func printShadowReport(w io.Writer, rep outbox.ShadowReport) {
+func printShadowReport(w io.Writer, rep operate.ShadowReport) {
 	fmt.Fprintf(w, "shadow comparisons of events sent since %s\n", when(rep.Since))
 	rows := make([][]string, len(rep.Counts))
 	for i, c := range rep.Counts {

@@ -12,7 +12,7 @@ import (
 	"github.com/outboxref/orders/internal/debugserver"
 	"github.com/outboxref/orders/internal/envconfig"
 	"github.com/outboxref/orders/internal/kafkaconf"
-	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/outbox/relay"
 )
 
 // Config is the orders service's whole configuration, read from the
@@ -107,7 +107,7 @@ func load(getenv func(string) string, api bool) (Config, error) {
 			},
 			Topic:           r.String("ORDERS_TOPIC", "orders.events"),
 			TopicPartitions: r.Int("ORDERS_TOPIC_PARTITIONS", 6, 1, 10000),
-			MaxMessageBytes: r.Int("KAFKA_MAX_MESSAGE_BYTES", outbox.DefaultMaxMessageBytes, 512, 1<<30),
+			MaxMessageBytes: r.Int("KAFKA_MAX_MESSAGE_BYTES", relay.DefaultMaxMessageBytes, 512, 1<<30),
 		},
 		Relay: RelayConfig{
 			Enabled:      r.Bool("RELAY_ENABLED", true),

@@ -20,6 +20,7 @@ import (
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/outbox"
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
+	"github.com/outboxref/orders/internal/outbox/operate"
 )
 
 // OperationsConfig is the retention cleanup and the replay policy (O5, O6).
@@ -86,7 +87,7 @@ type consumerRegistry struct {
 }
 
 // loadConsumers reads the consumer registry.
-func loadConsumers(path string) ([]outbox.Consumer, error) {
+func loadConsumers(path string) ([]operate.Consumer, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read consumer registry: %w", err)
@@ -95,29 +96,29 @@ func loadConsumers(path string) ([]outbox.Consumer, error) {
 	if err := yaml.Unmarshal(b, &reg); err != nil {
 		return nil, fmt.Errorf("parse consumer registry %s: %w", path, err)
 	}
-	out := make([]outbox.Consumer, 0, len(reg.Consumers))
+	out := make([]operate.Consumer, 0, len(reg.Consumers))
 	for _, c := range reg.Consumers {
 		ret, err := time.ParseDuration(c.InboxRetention)
 		if c.Name == "" || err != nil || ret <= 0 {
 			return nil, fmt.Errorf("consumer registry %s: each consumer needs a name and an inbox_retention such as 720h", path)
 		}
-		out = append(out, outbox.Consumer{Name: c.Name, EventTypes: c.EventTypes, InboxRetention: ret, SideEffects: c.SideEffects})
+		out = append(out, operate.Consumer{Name: c.Name, EventTypes: c.EventTypes, InboxRetention: ret, SideEffects: c.SideEffects})
 	}
 	return out, nil
 }
 
 // operations is the orders service's part of operating the outbox: the
-// admin API over outbox.Admin, the producer replays and the direct path
+// admin API over operate.Admin, the producer replays and the direct path
 // use, the replays' resumption, and the cleanup.
 type operations struct {
 	// writer is the process's one outbox Writer: the orders service writes
 	// its events with it and admin checks repairs with it. Its direct
 	// publisher is directPublish (O7).
 	writer  *outbox.Writer
-	admin   *outbox.Admin
+	admin   *operate.Admin
 	keys    *orders.KeyCleanup
 	handler http.Handler
-	policy  outbox.ReplayPolicy
+	policy  operate.ReplayPolicy
 	cfg     Config
 	log     *slog.Logger
 
@@ -146,7 +147,7 @@ func newOperations(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slo
 		}
 		ops.policy.Consumers = consumers
 	}
-	ops.handler = ops.admin.Handler(outbox.AdminHandlerConfig{
+	ops.handler = ops.admin.Handler(operate.AdminHandlerConfig{
 		Actor: func(r *http.Request) string {
 			p, _ := auth.FromContext(r.Context())
 			return p.Subject
@@ -166,7 +167,7 @@ func newOperations(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slo
 // work is taken over.
 func newReplayer(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (*operations, error) {
 	o := &operations{
-		policy: outbox.ReplayPolicy{
+		policy: operate.ReplayPolicy{
 			ApprovalThreshold: cfg.Ops.ReplayApprovalThreshold,
 			ApprovalWindow:    cfg.Ops.ReplayApprovalWindow,
 			ApprovalTTL:       cfg.Ops.ReplayApprovalTTL,
@@ -183,7 +184,7 @@ func newReplayer(cfg Config, pool *pgxpool.Pool, log *slog.Logger) (*operations,
 		return nil, err
 	}
 	o.writer = writer
-	o.admin = outbox.NewAdmin(pool, writer, outbox.WithRepairCheck(orders.CheckRepair))
+	o.admin = operate.NewAdmin(pool, writer, operate.WithRepairCheck(orders.CheckRepair))
 	return o, nil
 }
 
@@ -203,12 +204,12 @@ func (o *operations) stopReplays(ctx context.Context) {
 }
 
 // replayTarget is where replays publish: the topic, through producer.
-func (o *operations) replayTarget(context.Context) (outbox.ReplayTarget, error) {
+func (o *operations) replayTarget(context.Context) (operate.ReplayTarget, error) {
 	cl, err := o.client()
 	if err != nil {
-		return outbox.ReplayTarget{}, err
+		return operate.ReplayTarget{}, err
 	}
-	return outbox.ReplayTarget{Client: cl, Topic: o.cfg.Kafka.Topic, Source: o.cfg.Relay.Source, Rate: o.cfg.Ops.ReplayRate}, nil
+	return operate.ReplayTarget{Client: cl, Topic: o.cfg.Kafka.Topic, Source: o.cfg.Relay.Source, Rate: o.cfg.Ops.ReplayRate}, nil
 }
 
 // directSendTimeout bounds one send of the direct path, which a request
@@ -277,7 +278,7 @@ func (o *operations) runCleanup(ctx context.Context) {
 		case <-t.C:
 		}
 		c := o.cfg.Ops
-		if n, err := o.admin.Cleanup(ctx, outbox.Cleanup{Retention: c.OutboxRetention, BatchSize: c.CleanupBatch, Pause: c.CleanupPause}); err != nil {
+		if n, err := o.admin.Cleanup(ctx, operate.Cleanup{Retention: c.OutboxRetention, BatchSize: c.CleanupBatch, Pause: c.CleanupPause}); err != nil {
 			if ctx.Err() == nil {
 				o.log.ErrorContext(ctx, "outbox cleanup failed", "error", err.Error())
 			}

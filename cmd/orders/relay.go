@@ -18,6 +18,7 @@ import (
 	"github.com/outboxref/orders/internal/kafkaconf"
 	"github.com/outboxref/orders/internal/migrate"
 	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/outbox/relay"
 )
 
 // startRelay builds this process's outbox relay, not yet running, and
@@ -26,13 +27,13 @@ import (
 // when ctx ends. ctx also bounds the topic creation, which retries until
 // it succeeds: a missing broker never blocks start-up or readiness (O3),
 // since absorbing a broker outage is the outbox's job.
-func startRelay(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer, types []outbox.EventType) (*outbox.Relay, error) {
+func startRelay(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.Logger, reg prometheus.Registerer, types []outbox.EventType) (*relay.Relay, error) {
 	conn, err := cfg.Kafka.Conn.Options()
 	if err != nil {
 		return nil, err
 	}
 	conn = append(conn, kgo.WithLogger(kafkaconf.Logger(log, kgo.LogLevelWarn)))
-	relay, err := outbox.NewRelay(outbox.Config{
+	r, err := relay.NewRelay(relay.Config{
 		Pool:            pool,
 		Kafka:           conn,
 		Topic:           cfg.Kafka.Topic,
@@ -55,11 +56,11 @@ func startRelay(ctx context.Context, cfg Config, pool *pgxpool.Pool, log *slog.L
 	go func() {
 		// It retries until the topic exists; ctx ending means the process
 		// is stopping, which needs no log line of its own.
-		if err := outbox.EnsureTopic(ctx, conn, cfg.Kafka.Topic, cfg.Kafka.TopicPartitions, log); err != nil && ctx.Err() == nil {
+		if err := relay.EnsureTopic(ctx, conn, cfg.Kafka.Topic, cfg.Kafka.TopicPartitions, log); err != nil && ctx.Err() == nil {
 			log.ErrorContext(ctx, "kafka topic not ensured", "error", err)
 		}
 	}()
-	return relay, nil
+	return r, nil
 }
 
 // runRelayOnly is `orders relay`: the relay without the API, so that
@@ -89,7 +90,7 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 	// drain, confirm and release, and it is stopped explicitly below.
 	relayCtx, stopRelay := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopRelay()
-	relay, err := startRelay(relayCtx, cfg, pool, log, reg, orderEventTypes())
+	rel, err := startRelay(relayCtx, cfg, pool, log, reg, orderEventTypes())
 	if err != nil {
 		return err
 	}
@@ -122,7 +123,7 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 			relayDone <- nil
 			return
 		}
-		relayDone <- relay.Run(relayCtx)
+		relayDone <- rel.Run(relayCtx)
 	}()
 
 	srv := &http.Server{
@@ -136,7 +137,7 @@ func runRelayOnly(ctx context.Context, getenv func(string) string, stdout io.Wri
 	}
 	serverErr := make(chan error, 1)
 	go func() { serverErr <- srv.ListenAndServe() }()
-	log.InfoContext(ctx, "orders relay started", "metrics_addr", cfg.Relay.MetricsAddr, "lease_owner", relay.Owner())
+	log.InfoContext(ctx, "orders relay started", "metrics_addr", cfg.Relay.MetricsAddr, "lease_owner", rel.Owner())
 
 	var runErr error
 	select {

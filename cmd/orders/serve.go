@@ -22,6 +22,7 @@ import (
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/ordersapi"
 	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/outbox/relay"
 	"github.com/outboxref/orders/internal/telemetry"
 )
 
@@ -174,7 +175,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	} else {
 		// The backlog metrics come from the table, so this process still
 		// shows a growing age when the relays elsewhere stop (O1).
-		if err := reg.Register(outbox.NewStatsCollector(pool, orderEventTypes(), log)); err != nil {
+		if err := reg.Register(relay.NewStatsCollector(pool, orderEventTypes(), log)); err != nil {
 			return fmt.Errorf("register outbox metrics: %w", err)
 		}
 		log.Info("relay disabled (RELAY_ENABLED=false); run `orders relay` elsewhere to deliver events")

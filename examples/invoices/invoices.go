@@ -9,7 +9,7 @@
 //   - Issue writes an invoice and its invoice.issued event in one PostgreSQL
 //     transaction, through outbox.Writer.Insert. That closes the dual-write
 //     window: the invoice and its event commit or roll back together.
-//   - Run delivers the committed events to Kafka with an outbox.Relay
+//   - Run delivers the committed events to Kafka with an relay.Relay
 //     (at least once, keyed by invoice id), and consumes them into a ledger,
 //     invoice_totals, through an inbox.Inbox. That closes the redelivery
 //     window: the inbox marker commits with the ledger update, so a record
@@ -49,6 +49,8 @@ import (
 	"github.com/outboxref/orders/examples/invoices/invoicesdb"
 	"github.com/outboxref/orders/internal/inbox"
 	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/outbox/operate"
+	"github.com/outboxref/orders/internal/outbox/relay"
 )
 
 // EventIssued is the event type written when an invoice is issued. Its
@@ -163,8 +165,8 @@ type Service struct {
 	cfg    Config
 	q      *invoicesdb.Queries
 	writer *outbox.Writer
-	relay  *outbox.Relay
-	admin  *outbox.Admin // operations: the outbox's cleanup here
+	relay  *relay.Relay
+	admin  *operate.Admin // operations: the outbox's cleanup here
 	inbox  *inbox.Inbox
 	log    *slog.Logger
 	ran    atomic.Bool
@@ -202,8 +204,8 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("invoices: %w", err)
 	}
 	// The relay's lease, batch size, poll interval and backoff keep their
-	// defaults here; outbox.Config documents each.
-	relay, err := outbox.NewRelay(outbox.Config{
+	// defaults here; relay.Config documents each.
+	rl, err := relay.NewRelay(relay.Config{
 		Pool:       cfg.Pool,
 		Kafka:      cfg.Kafka,
 		Topic:      cfg.Topic,
@@ -216,8 +218,8 @@ func New(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("invoices: %w", err)
 	}
 
-	s := &Service{cfg: cfg, q: invoicesdb.New(cfg.Pool), writer: writer, relay: relay, log: cfg.Logger,
-		admin: outbox.NewAdmin(cfg.Pool, writer)}
+	s := &Service{cfg: cfg, q: invoicesdb.New(cfg.Pool), writer: writer, relay: rl, log: cfg.Logger,
+		admin: operate.NewAdmin(cfg.Pool, writer)}
 	if err := cfg.Registerer.Register(s.admin.Collector()); err != nil {
 		return nil, fmt.Errorf("invoices: %w", err)
 	}
@@ -368,7 +370,7 @@ func (s *Service) Run(ctx context.Context) error {
 	// Start-up never waits for the topic (O3): until it exists, the relay's
 	// sends fail as unknown_topic and are retried like any broker outage.
 	go func() {
-		if err := outbox.EnsureTopic(ctx, s.cfg.Kafka, s.cfg.Topic, s.cfg.Partitions, s.log); err != nil && ctx.Err() == nil {
+		if err := relay.EnsureTopic(ctx, s.cfg.Kafka, s.cfg.Topic, s.cfg.Partitions, s.log); err != nil && ctx.Err() == nil {
 			s.log.ErrorContext(ctx, "kafka topic not ensured", "topic", s.cfg.Topic, "error", err.Error())
 		}
 	}()
@@ -405,7 +407,7 @@ func (s *Service) maintain(ctx context.Context) {
 		if _, err := s.inbox.Cleanup(ctx, s.cfg.ProcessedEventTTL, 1000, 100*time.Millisecond); err != nil && ctx.Err() == nil {
 			s.log.WarnContext(ctx, "clean up processed events", "error", err.Error())
 		}
-		if _, err := s.admin.Cleanup(ctx, outbox.Cleanup{Retention: s.cfg.OutboxRetention, BatchSize: 1000, Pause: 100 * time.Millisecond}); err != nil && ctx.Err() == nil {
+		if _, err := s.admin.Cleanup(ctx, operate.Cleanup{Retention: s.cfg.OutboxRetention, BatchSize: 1000, Pause: 100 * time.Millisecond}); err != nil && ctx.Err() == nil {
 			s.log.WarnContext(ctx, "clean up delivered outbox rows", "error", err.Error())
 		}
 		select {

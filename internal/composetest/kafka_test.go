@@ -23,7 +23,7 @@ import (
 
 	"github.com/outboxref/orders/internal/composetest"
 	"github.com/outboxref/orders/internal/kafkaconf"
-	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/outbox/relay"
 )
 
 // TestComposeKafkaSecurity checks the broker's half of C7 in compose.yaml:
@@ -37,7 +37,7 @@ import (
 // authorizer follows Kafka's rules (Read and Write imply Describe; Create
 // on the cluster or the topic; IdempotentWrite on the cluster or Write on
 // some topic), and the clients make the calls the services make: the
-// relay's outbox.EnsureTopic and an idempotent produce, the notifier's
+// relay's relay.EnsureTopic and an idempotent produce, the notifier's
 // group fetch, offset commit and lag reading.
 func TestComposeKafkaSecurity(t *testing.T) {
 	t.Parallel()
@@ -197,7 +197,7 @@ func TestComposeKafkaSecurity(t *testing.T) {
 			// Twice: the first start creates the topic, every later one
 			// finds it (CreateTopics refused as existing, then Metadata).
 			for range 2 {
-				require.NoError(t, outbox.EnsureTopic(ctx, o, topic, partitions, log),
+				require.NoError(t, relay.EnsureTopic(ctx, o, topic, partitions, log),
 					"service %s (%s) cannot create the topic it publishes to", c.service, c.conn.SASLUsername)
 			}
 			require.NoError(t, produce(ctx, t, o, topic), "service %s (%s) cannot produce", c.service, c.conn.SASLUsername)

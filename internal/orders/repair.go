@@ -9,7 +9,7 @@ import (
 )
 
 // CheckRepair is the order events' check of an event an operator repaired
-// (outbox.WithRepairCheck), beyond its JSON Schema, which the outbox has
+// (operate.WithRepairCheck), beyond its JSON Schema, which the outbox has
 // already checked: the payload's order_id is the event's own order, and
 // its email, where the type has one, is one plain address, as when the
 // order was placed. A payload naming another order would be delivered as

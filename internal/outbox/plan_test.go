@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/outboxref/orders/internal/outbox"
 	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/internal/outboxtest"
 )
 
 // TestQueriesKeepTheirOrderOnABacklog: the relay's claim and the
@@ -76,18 +76,18 @@ func TestQueriesKeepTheirOrderOnABacklog(t *testing.T) {
 				IndependentTypes: []string{}, BatchSize: 100})
 			require.NoError(t, err)
 			require.Len(t, rows, 100)
-		}, 1_000, outbox.ClaimInIndexOrder},
+		}, 1_000, outboxdb.ClaimInIndexOrder},
 		{"ArchiveDelivered", func(ctx context.Context, q *outboxdb.Queries) {
 			rows, err := q.ArchiveDelivered(ctx, outboxdb.ArchiveDeliveredParams{RetentionSeconds: 7 * 24 * 3600,
 				AfterDeliveredAt: time.Unix(0, 0), BatchSize: 500})
 			require.NoError(t, err)
 			require.Len(t, rows, 500)
-		}, 1_100, outbox.CleanupInIndexOrder},
+		}, 1_100, outboxdb.CleanupInIndexOrder},
 		{"DirectLogCleanup", func(ctx context.Context, q *outboxdb.Queries) {
 			n, err := q.DirectLogCleanup(ctx, outboxdb.DirectLogCleanupParams{SentBefore: time.Now().Add(-7 * 24 * time.Hour), BatchSize: 500})
 			require.NoError(t, err)
 			require.EqualValues(t, 500, n)
-		}, 1_100, outbox.CleanupInIndexOrder},
+		}, 1_100, outboxdb.CleanupInIndexOrder},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			plan := explainGenerated(t, db, tc.settings, tc.run)
@@ -102,7 +102,7 @@ func TestQueriesKeepTheirOrderOnABacklog(t *testing.T) {
 // transaction that is rolled back, with the statement recorded as the
 // driver sent it; then runs that statement again under EXPLAIN ANALYZE,
 // rolled back too. The plan checked is that of the query as written today.
-func explainGenerated(t *testing.T, db *testDB, settings string, fn func(ctx context.Context, q *outboxdb.Queries)) queryPlan {
+func explainGenerated(t *testing.T, db *outboxtest.DB, settings string, fn func(ctx context.Context, q *outboxdb.Queries)) queryPlan {
 	t.Helper()
 	ctx := context.Background()
 	rec := &statementRecorder{}

@@ -4,14 +4,12 @@ import (
 	"context"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/outbox/internal/outboxtest"
 )
 
 // testTraceparent is a valid W3C traceparent, sampled.
@@ -35,7 +33,7 @@ func spanContext(t *testing.T, traceID, spanID, tracestate string) trace.SpanCon
 // insertIn commits events through the Writer, in ctx.
 func (e *env) insertIn(t *testing.T, ctx context.Context, events ...outbox.Event) []outbox.Event {
 	t.Helper()
-	tx, err := e.db.Pool.Begin(ctx)
+	tx, err := e.DB.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(ctx) //nolint:errcheck // no-op after commit
 	require.NoError(t, testWriter.Insert(ctx, tx, events))
@@ -47,7 +45,7 @@ func (e *env) insertIn(t *testing.T, ctx context.Context, events ...outbox.Event
 func (e *env) storedTrace(t *testing.T, ev outbox.Event) (traceparent, tracestate string) {
 	t.Helper()
 	var tp, ts *string
-	require.NoError(t, e.db.Pool.QueryRow(t.Context(), "SELECT traceparent, tracestate FROM outbox WHERE event_id = $1", ev.ID).Scan(&tp, &ts))
+	require.NoError(t, e.DB.Pool.QueryRow(t.Context(), "SELECT traceparent, tracestate FROM outbox WHERE event_id = $1", ev.ID).Scan(&tp, &ts))
 	if tp != nil {
 		traceparent = *tp
 	}
@@ -63,7 +61,7 @@ func (e *env) storedTrace(t *testing.T, ev outbox.Event) (traceparent, tracestat
 // record header could not carry is dropped, not the event.
 func TestWriterStoresTraceContext(t *testing.T) {
 	t.Parallel()
-	e := &env{db: newTestDB(t)}
+	e := &env{&outboxtest.Env{DB: newTestDB(t)}}
 	sc := spanContext(t, "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "vendor=1,other=x")
 	ctx := trace.ContextWithRemoteSpanContext(context.Background(), sc)
 	const own = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
@@ -92,78 +90,4 @@ func TestWriterStoresTraceContext(t *testing.T) {
 	tp, ts = e.storedTrace(t, ev)
 	require.Empty(t, tp, "no span in ctx, no trace context")
 	require.Empty(t, ts)
-}
-
-// TestProduceSpanContinuesStoredTrace (L4): the relay sends a row in a
-// produce span whose parent is the context stored with the row (same trace
-// id, however long the row waited), linked to the relay's batch span; the
-// record carries the produce span's context, tracestate included, for the
-// consumer to continue. A row stored without a context gets a trace of its
-// own.
-func TestProduceSpanContinuesStoredTrace(t *testing.T) {
-	t.Parallel()
-	e := setup(t)
-	rec := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-
-	stored := spanContext(t, "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7", "vendor=1")
-	traced := e.insertIn(t, trace.ContextWithRemoteSpanContext(context.Background(), stored), event("traced", 1))[0]
-	untraced := e.insertIn(t, context.Background(), event("untraced", 1))[0]
-	start(t, e.relay(t, func(c *relayConfig) { c.TracerProvider = tp }))
-	e.waitDelivered(t, 10*time.Second)
-	records := map[string]record{}
-	for _, r := range e.readAll(t) {
-		records[r.Key] = r
-	}
-
-	var batches []sdktrace.ReadOnlySpan
-	produce := map[string]sdktrace.ReadOnlySpan{}
-	require.Eventually(t, func() bool {
-		batches, produce = nil, map[string]sdktrace.ReadOnlySpan{}
-		for _, s := range rec.Ended() {
-			switch {
-			case s.Name() == "outbox relay batch":
-				batches = append(batches, s)
-			case s.SpanKind() == trace.SpanKindProducer:
-				for _, a := range s.Attributes() {
-					if a.Key == "messaging.kafka.message.key" {
-						produce[a.Value.AsString()] = s
-					}
-				}
-			}
-		}
-		return len(produce) == 2 && len(batches) > 0
-	}, 10*time.Second, 10*time.Millisecond, "the batch span ends after the produce spans, once the batch is settled")
-
-	isBatch := func(sc trace.SpanContext) bool {
-		for _, b := range batches {
-			if b.SpanContext().Equal(sc) {
-				return true
-			}
-		}
-		return false
-	}
-	p := produce["traced"]
-	require.Equal(t, "send "+topic, p.Name())
-	require.Equal(t, stored.TraceID(), p.SpanContext().TraceID(), "one trace id from the writer on")
-	require.Equal(t, stored.SpanID(), p.Parent().SpanID(), "the stored context is the parent")
-	require.True(t, p.Parent().IsRemote())
-	require.Len(t, p.Links(), 1)
-	require.True(t, isBatch(p.Links()[0].SpanContext), "linked to the relay's batch span")
-	require.NotEqual(t, stored.TraceID(), p.Links()[0].SpanContext.TraceID(), "the batch span is a trace of its own")
-	r := records["traced"]
-	require.Equal(t, "00-"+stored.TraceID().String()+"-"+p.SpanContext().SpanID().String()+"-01", r.Headers["traceparent"],
-		"the record carries the produce span's context")
-	require.Equal(t, "vendor=1", r.Headers["tracestate"])
-	require.Equal(t, traced.ID, r.EventID)
-
-	p = produce["untraced"]
-	require.False(t, p.Parent().IsValid(), "a row without a trace context starts its own trace")
-	require.Len(t, p.Links(), 1)
-	require.True(t, isBatch(p.Links()[0].SpanContext))
-	r = records["untraced"]
-	require.Equal(t, "00-"+p.SpanContext().TraceID().String()+"-"+p.SpanContext().SpanID().String()+"-01", r.Headers["traceparent"])
-	require.NotContains(t, r.Headers, "tracestate")
-	require.Equal(t, untraced.ID, r.EventID)
 }

@@ -1,5 +1,7 @@
 package outbox
 
+import "github.com/outboxref/orders/internal/outbox/internal/eventtypes"
+
 // Ordering is an event type's delivery ordering policy within its aggregate
 // (R6). It is chosen per event type, in code, never left to scan order.
 type Ordering int
@@ -41,4 +43,14 @@ type EventType struct {
 	// accepted, since rows already written rely on it: a breaking change
 	// is a new version.
 	Schemas map[int][]byte
+}
+
+// specs describes types to package eventtypes, which compiles them for
+// the Writer (and, from its own copy of this mapping, for the relay).
+func specs(types []EventType) []eventtypes.Spec {
+	out := make([]eventtypes.Spec, len(types))
+	for i, t := range types {
+		out[i] = eventtypes.Spec{Name: t.Name, Ordering: int(t.Ordering), Schemas: t.Schemas}
+	}
+	return out
 }

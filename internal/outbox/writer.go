@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -13,7 +15,10 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
+	"github.com/outboxref/orders/internal/outbox/internal/direct"
+	"github.com/outboxref/orders/internal/outbox/internal/eventtypes"
 	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/internal/w3c"
 )
 
 // MaxPayloadBytes bounds one event's payload at write time (W6). Large
@@ -82,7 +87,8 @@ func (e *InvalidEventError) Unwrap() []error {
 //
 // A Writer is safe for concurrent use; build one at start-up and share it.
 type Writer struct {
-	types  *eventTypes
+	types  *eventtypes.Set
+	given  []EventType     // as given to NewWriter, for EventTypes
 	direct DirectPublisher // the legacy path, for types in direct or shadow mode (O7)
 }
 
@@ -92,16 +98,20 @@ type Writer struct {
 // A service migrating from publishing inside its transaction passes
 // WithDirectPublisher.
 func NewWriter(types []EventType, opts ...WriterOption) (*Writer, error) {
-	et, err := compileTypes(types)
+	et, err := eventtypes.Compile(specs(types))
 	if err != nil {
 		return nil, fmt.Errorf("outbox writer: %w", err)
 	}
-	w := &Writer{types: et}
+	w := &Writer{types: et, given: slices.Clone(types)}
 	for _, o := range opts {
 		o(w)
 	}
 	return w, nil
 }
+
+// EventTypes returns the event types the Writer was built with, in the
+// order given. The operations list the publish mode of each (O7).
+func (w *Writer) EventTypes() []EventType { return slices.Clone(w.given) }
 
 // Insert writes events inside tx, the caller's business transaction, in
 // one statement, and fills in missing event IDs in place. Taking a pgx.Tx
@@ -180,7 +190,7 @@ func (w *Writer) params(ctx context.Context, events []Event) (outboxdb.OutboxIns
 	if err := w.Validate(events); err != nil {
 		return p, err
 	}
-	traceparent, tracestate := traceContext(ctx)
+	traceparent, tracestate := w3c.FromContext(ctx)
 	for i := range events {
 		e := &events[i]
 		if e.Traceparent == "" {
@@ -198,7 +208,7 @@ func (w *Writer) params(ctx context.Context, events []Event) (outboxdb.OutboxIns
 		p.AggregateIDs = append(p.AggregateIDs, e.AggregateID)
 		p.AggregateVersions = append(p.AggregateVersions, e.AggregateVersion)
 		p.EventTypes = append(p.EventTypes, e.Type)
-		p.SchemaVersions = append(p.SchemaVersions, int32(e.SchemaVersion)) // bounded by compileTypes
+		p.SchemaVersions = append(p.SchemaVersions, int32(e.SchemaVersion)) // bounded by eventtypes.Compile
 		p.Payloads = append(p.Payloads, e.Payload)
 		p.Traceparents = append(p.Traceparents, e.Traceparent)
 		p.Tracestates = append(p.Tracestates, e.Tracestate)
@@ -210,7 +220,7 @@ func (w *Writer) params(ctx context.Context, events []Event) (outboxdb.OutboxIns
 // or shadow mode is sent now, inside the transaction (O7).
 func (w *Writer) inserted(ctx context.Context, tx pgx.Tx, events []Event, rows []outboxdb.OutboxInsertRow) error {
 	for _, r := range rows {
-		if r.PublishMode != string(ModeOutbox) {
+		if r.PublishMode != direct.ModeOutbox {
 			return w.sendDirect(ctx, tx, events, rows)
 		}
 	}
@@ -273,14 +283,14 @@ func (w *Writer) check(i int, e *Event) error {
 	if err := checkText(i, e, "Type", e.Type, cloudevents.MaxTypeBytes); err != nil {
 		return err
 	}
-	t, ok := w.types.byName[e.Type]
+	t, ok := w.types.Lookup(e.Type)
 	if !ok {
 		return refuse(i, e, "Type", "is not registered with this writer", ErrUnknownEventType)
 	}
 	if e.SchemaVersion < 1 {
 		return refuse(i, e, "SchemaVersion", fmt.Sprintf("is %d; schema versions start at 1", e.SchemaVersion), nil)
 	}
-	schema, ok := t.schemas[e.SchemaVersion]
+	schema, ok := t.Schema(e.SchemaVersion)
 	if !ok {
 		return refuse(i, e, "SchemaVersion", fmt.Sprintf("%d is not registered for this event type", e.SchemaVersion), ErrUnknownSchemaVersion)
 	}
@@ -394,4 +404,37 @@ func refuse(i int, e *Event, field, reason string, kind error) *InvalidEventErro
 		err.eventType = e.Type
 	}
 	return err
+}
+
+// schemaSummary describes a JSON Schema failure by the failing locations
+// and keywords, without any values: the validator's own message may quote
+// the payload, which can hold personal data, and the summary is what ends
+// up in errors and logs (O2).
+func schemaSummary(eventType string, version int, err error) string {
+	var ve *jsonschema.ValidationError
+	if !errors.As(err, &ve) {
+		return fmt.Sprintf("fails JSON Schema %s v%d", eventType, version)
+	}
+	var parts []string
+	var walk func(*jsonschema.ValidationError)
+	walk = func(v *jsonschema.ValidationError) {
+		if len(v.Causes) == 0 {
+			kw := "schema"
+			if v.ErrorKind != nil {
+				if p := v.ErrorKind.KeywordPath(); len(p) > 0 {
+					kw = strings.Join(p, "/")
+				}
+			}
+			parts = append(parts, "/"+strings.Join(v.InstanceLocation, "/")+" ("+kw+")")
+			return
+		}
+		for _, c := range v.Causes {
+			walk(c)
+		}
+	}
+	walk(ve)
+	if len(parts) > 5 {
+		parts = append(parts[:5], fmt.Sprintf("and %d more", len(parts)-5))
+	}
+	return fmt.Sprintf("fails JSON Schema %s v%d at %s", eventType, version, strings.Join(parts, ", "))
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/outbox/internal/eventtypes"
 )
 
 // TestWriterRefuses (L2): each kind of event the relay could not deliver,
@@ -245,4 +246,14 @@ func TestWriterValidate(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("outbox: invalid event 0 (%s): Payload %s", strictType, ie.Reason), err.Error())
 	require.True(t, errors.Is(err, outbox.ErrInvalidEvent))
 	require.NoError(t, testWriter.Validate(nil))
+}
+
+// TestOrderingsMatchTheCompiledOnes: the Writer and the relay describe
+// orderings to package eventtypes as ints, so outbox.Strict and
+// outbox.Independent must keep the values it tests for; otherwise an
+// independent type would be claimed as strict, or refused.
+func TestOrderingsMatchTheCompiledOnes(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, eventtypes.Strict, int(outbox.Strict))
+	require.Equal(t, eventtypes.Independent, int(outbox.Independent))
 }

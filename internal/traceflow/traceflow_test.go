@@ -30,7 +30,7 @@ import (
 	"github.com/outboxref/orders/internal/notify/smtptest"
 	"github.com/outboxref/orders/internal/orders"
 	"github.com/outboxref/orders/internal/ordersapi"
-	"github.com/outboxref/orders/internal/outbox"
+	"github.com/outboxref/orders/internal/outbox/relay"
 	"github.com/outboxref/orders/internal/pgtest"
 	"github.com/outboxref/orders/internal/telemetry"
 	"github.com/outboxref/orders/internal/testlog"
@@ -88,7 +88,7 @@ func newChain(t *testing.T) *chain {
 
 	types, err := orders.EventTypes()
 	require.NoError(t, err)
-	relay, err := outbox.NewRelay(outbox.Config{
+	relay, err := relay.NewRelay(relay.Config{
 		Pool: c.ordersPool, Kafka: []kgo.Opt{kgo.SeedBrokers(c.broker)}, Topic: topic, Source: "urn:outboxref:orders",
 		Types: types, PollInterval: 100 * time.Millisecond, Logger: c.log, TracerProvider: provider,
 	})

@@ -1,0 +1,73 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// This file is compiled only into the package's own test binary. It gives
+// the external tests (package relay_test) the relay's crash points and a
+// few internals, without making any of them part of the package's API.
+
+// Hooks, Claim and Outcome are the crash-point hooks and what they see
+// (hooks.go), for the crash-window, fencing and shutdown tests.
+type (
+	Hooks   = hooks
+	Claim   = claim
+	Outcome = outcome
+)
+
+// NewRelayWithHooks is NewRelay with hooks installed before Run can start,
+// so the hooks are never written while the relay reads them.
+func NewRelayWithHooks(cfg Config, h Hooks) (*Relay, error) {
+	r, err := NewRelay(cfg)
+	if err != nil {
+		return nil, err
+	}
+	r.hooks = h
+	return r, nil
+}
+
+// ClaimRounds reports how many claims the relay has made, so tests can wait
+// for "the relay has looked again" instead of sleeping.
+func (r *Relay) ClaimRounds() int64 { return r.rounds.Load() }
+
+// SetRefresh changes how often the collector reads the table
+// (DefaultStatsRefresh in production), so a test can hold one read for
+// good or make the next scrape read again.
+func (c *StatsCollector) SetRefresh(every time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.every = every
+}
+
+// Backoff exposes the retry delay for its unit test.
+func Backoff(attempts int, base, max time.Duration) time.Duration {
+	return backoff(attempts, base, max)
+}
+
+// BoundText exposes the last_error bound for its unit test.
+var BoundText = boundText
+
+// ClaimAndConfirm is one round of the relay's database work with no broker:
+// the relay's own claim, then its fenced confirm of every claimed row at
+// made-up broker positions. The drain benchmark compares the relay against
+// a loop of it, which is the most the relay could reach if sending cost
+// nothing. It returns how many rows the claim leased.
+func (r *Relay) ClaimAndConfirm(ctx context.Context) (int, error) {
+	batch, err := r.claim(ctx)
+	if err != nil || len(batch) == 0 {
+		return 0, err
+	}
+	outcomes := make([]outcome, len(batch))
+	for i := range batch {
+		outcomes[i].claim = batch[i].claim
+		outcomes[i].Partition, outcomes[i].Offset = int32(i%6), int64(i)
+	}
+	confirmed, err := r.settle(ctx, batch[0].LeaseToken, outcomes)
+	if err == nil && len(confirmed) != len(batch) {
+		err = fmt.Errorf("confirmed %d of %d claimed rows", len(confirmed), len(batch))
+	}
+	return len(batch), err
+}

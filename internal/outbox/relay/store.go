@@ -1,0 +1,279 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/internal/pgtx"
+)
+
+// claim leases up to BatchSize due rows under a fresh token, in one short
+// transaction (R1). The transaction uses its own bounded context rather
+// than ctx: a stop signal arriving mid-claim must not leave the outcome of
+// COMMIT unknown, which would strand the rows until their lease expired.
+func (r *Relay) claim(ctx context.Context) ([]leased, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
+	token := uuid.New()
+	var batch []leased
+	err := inRelayTx(cctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(cctx, outboxdb.ClaimInIndexOrder); err != nil {
+			return fmt.Errorf("claim outbox batch: %w", err)
+		}
+		rows, err := outboxdb.New(tx).OutboxClaim(cctx, outboxdb.OutboxClaimParams{
+			LeaseOwner:       r.cfg.Owner,
+			LeaseToken:       token,
+			LeaseSeconds:     r.cfg.Lease.Seconds(),
+			IndependentTypes: r.types.Independent(),
+			BatchSize:        int32(r.cfg.BatchSize),
+		})
+		if err != nil {
+			return fmt.Errorf("claim outbox batch: %w", err)
+		}
+		batch = leasedBatch(rows, token)
+		if len(batch) == 0 {
+			return nil
+		}
+		return r.beforeClaimCommit(cctx, batch)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return batch, nil
+}
+
+// leasedBatch turns the rows a claim returned into the batch to send, in
+// claim order.
+func leasedBatch(rows []outboxdb.OutboxClaimRow, token uuid.UUID) []leased {
+	batch := make([]leased, len(rows))
+	for i, row := range rows {
+		batch[i] = leased{
+			claim: claim{
+				EventID:          row.EventID,
+				AggregateType:    row.AggregateType,
+				AggregateID:      row.AggregateID,
+				AggregateVersion: row.AggregateVersion,
+				EventType:        row.EventType,
+				SchemaVersion:    int(row.SchemaVersion),
+				CreatedAt:        row.CreatedAt,
+				Attempts:         int(row.Attempts),
+				NextAttemptAt:    row.NextAttemptAt,
+				LeaseToken:       token,
+				LeaseExpiresAt:   row.LeaseExpiresAt,
+			},
+			payload: row.Payload,
+			mode:    row.PublishMode,
+		}
+		if row.Traceparent != nil {
+			batch[i].traceparent = *row.Traceparent
+		}
+		if row.Tracestate != nil {
+			batch[i].tracestate = *row.Tracestate
+		}
+	}
+	// RETURNING does not keep the claim order; restore it so that rows
+	// reach the producer, and so each partition, in that order.
+	slices.SortFunc(batch, func(a, b leased) int {
+		return cmp.Or(a.NextAttemptAt.Compare(b.NextAttemptAt),
+			a.CreatedAt.Compare(b.CreatedAt),
+			cmp.Compare(a.AggregateVersion, b.AggregateVersion))
+	})
+	return batch
+}
+
+// settle writes the outcome of one batch: a fenced confirm of every
+// acknowledged row (R2) and a fenced release of every other row, retried
+// or parked (R3-R5). It returns the claims whose confirm matched.
+func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []outcome) ([]claim, error) {
+	confirm := outboxdb.OutboxConfirmParams{LeaseToken: token}
+	release := outboxdb.OutboxReleaseParams{LeaseToken: token}
+	byID := make(map[uuid.UUID]*outcome, len(outcomes))
+	var failed []*outcome
+	for i := range outcomes {
+		o := &outcomes[i]
+		byID[o.EventID] = o
+		if o.Err == nil {
+			confirm.EventIDs = append(confirm.EventIDs, o.EventID)
+			confirm.Partitions = append(confirm.Partitions, o.Partition)
+			confirm.Offsets = append(confirm.Offsets, o.Offset)
+			continue
+		}
+		r.metrics.errors.WithLabelValues(o.EventType, string(o.Class)).Inc()
+		failed = append(failed, o)
+		state, delay := "pending", backoff(o.Attempts+1, r.cfg.BackoffBase, r.cfg.BackoffCap)
+		switch {
+		case o.Class.Parks():
+			state, delay = "parked", 0
+		case o.Class == ClassShutdown:
+			delay = 0 // our own stop, not the broker's fault: hand over at once
+		}
+		release.EventIDs = append(release.EventIDs, o.EventID)
+		release.States = append(release.States, state)
+		release.ErrorClasses = append(release.ErrorClasses, string(o.Class))
+		release.ErrorTexts = append(release.ErrorTexts, boundText(o.Err.Error()))
+		release.DelaysSeconds = append(release.DelaysSeconds, delay.Seconds())
+	}
+
+	q := outboxdb.New(r.cfg.Pool)
+	var confirmed []claim
+	var errs []error
+	if len(confirm.EventIDs) > 0 {
+		var ids []uuid.UUID
+		err := retrySafe(ctx, func() error {
+			return inRelayTx(ctx, r.cfg.Pool, func(tx pgx.Tx) (err error) {
+				ids, err = outboxdb.New(tx).OutboxConfirm(ctx, confirm)
+				return err
+			})
+		})
+		if err != nil {
+			// The rows stay leased and are sent again after the lease
+			// expires: a duplicate, never a loss.
+			errs = append(errs, fmt.Errorf("confirm %d delivered outbox events: %w", len(confirm.EventIDs), err))
+		} else {
+			matched := make(map[uuid.UUID]bool, len(ids))
+			for _, id := range ids {
+				matched[id] = true
+			}
+			// The per-event line is built only when it is written: its
+			// attributes cost a handful of allocations per event, which
+			// adds up at thousands of events a second.
+			debug := r.log.Enabled(ctx, slog.LevelDebug)
+			for _, id := range confirm.EventIDs {
+				o := byID[id]
+				if matched[id] {
+					confirmed = append(confirmed, o.claim)
+					if debug {
+						r.log.DebugContext(o.logContext(ctx), "outbox event delivered", outcomeAttrs(o)...)
+					}
+					continue
+				}
+				r.metrics.lostConfirms.WithLabelValues(o.EventType).Inc()
+				r.log.WarnContext(o.logContext(ctx), "outbox confirm matched no row: the lease was lost and another relay owns the event; it will be sent again",
+					outcomeAttrs(o)...)
+			}
+		}
+	}
+
+	if len(release.EventIDs) > 0 {
+		var ids []uuid.UUID
+		err := retrySafe(ctx, func() (err error) {
+			ids, err = q.OutboxRelease(ctx, release)
+			return err
+		})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("release %d failed outbox events: %w", len(release.EventIDs), err))
+		} else {
+			r.logFailures(ctx, failed, ids)
+		}
+	}
+	if len(errs) > 0 {
+		return confirmed, fmt.Errorf("settle outbox batch: %w", errors.Join(errs...))
+	}
+	return confirmed, nil
+}
+
+// logFailures logs parked events one by one (they need an operator) and
+// transient failures as one summary per batch, so that a broker outage
+// does not turn into a log storm.
+func (r *Relay) logFailures(ctx context.Context, failed []*outcome, released []uuid.UUID) {
+	matched := make(map[uuid.UUID]bool, len(released))
+	for _, id := range released {
+		matched[id] = true
+	}
+	byClass := map[ErrorClass]int{}
+	var sample *outcome
+	for _, o := range failed {
+		attrs := append(outcomeAttrs(o), "error_class", string(o.Class))
+		switch {
+		case !matched[o.EventID]:
+			r.log.InfoContext(o.logContext(ctx), "outbox release matched no row: the lease was lost and another relay owns the event", attrs...)
+		case o.Class.Parks():
+			r.log.ErrorContext(o.logContext(ctx), "outbox event parked: it fails the same way on every attempt and waits for repair", append(attrs, "reason", o.Err.Error())...)
+		default:
+			byClass[o.Class]++
+			if sample == nil {
+				sample = o
+			}
+			r.log.DebugContext(o.logContext(ctx), "outbox event send failed; retrying after backoff", append(attrs, "error", o.Err)...)
+		}
+	}
+	if sample != nil {
+		counts := make([]any, 0, 2*len(byClass))
+		for c, n := range byClass {
+			counts = append(counts, string(c), n)
+		}
+		r.log.WarnContext(ctx, "outbox events not delivered; retrying after backoff",
+			"failed", len(failed), slog.Group("by_class", counts...), "sample_event_id", sample.EventID, "sample_error", sample.Err)
+	}
+}
+
+// outcomeAttrs are the log attributes of one event (O2): identifiers and
+// broker position, never the payload.
+func outcomeAttrs(o *outcome) []any {
+	attrs := []any{
+		"event_id", o.EventID,
+		"event_type", o.EventType,
+		"aggregate_type", o.AggregateType,
+		"aggregate_id", o.AggregateID,
+		"aggregate_version", o.AggregateVersion,
+		"attempt", o.Attempts + 1,
+	}
+	if o.Err == nil {
+		attrs = append(attrs, "partition", o.Partition, "offset", o.Offset)
+	}
+	return attrs
+}
+
+// inRelayTx is pgtx.Run for the relay's own claim and confirm transactions,
+// which commit without waiting for their WAL record to reach the disk
+// (synchronous_commit = off, for this transaction only, which also skips
+// waiting for synchronous standbys). Waiting for the flush is most of the
+// time these short statements take, and what a database crash or a
+// failover can lose by not waiting is harmless here: the last claims and
+// confirms of the final fraction of a second. A lost claim
+// frees rows the relay may already be sending, and a lost confirm leaves
+// rows leased until the lease expires; either way the rows are sent again
+// with the same event_id, a duplicate that consumers absorb, and never a
+// loss. Order holds too: the WAL is written in order, so a claim that
+// survived the crash implies that every confirm committed before it
+// survived too, and a later version is never claimed while the earlier
+// one's delivery was forgotten. The business transaction that writes the
+// rows keeps the server's setting: an event that was acknowledged to the
+// caller must not vanish.
+func inRelayTx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	return pgtx.Run(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
+			return fmt.Errorf("relax commit durability of the relay transaction: %w", err)
+		}
+		return fn(tx)
+	})
+}
+
+// retrySafe runs fn up to three times, but retries only errors that pgx
+// reports as raised before the statement reached the server. Retrying
+// anything else could run a confirm twice, and the second run would match
+// nothing and be misreported as a lost lease.
+func retrySafe(ctx context.Context, fn func() error) error {
+	for i := 0; ; i++ {
+		err := fn()
+		if err == nil || i == 2 || !pgconn.SafeToRetry(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(100<<i) * time.Millisecond):
+		}
+	}
+}
