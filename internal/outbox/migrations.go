@@ -15,7 +15,7 @@ const MigrationLine = "outbox"
 var migrationFiles embed.FS
 
 // Migrations returns the outbox's goose SQL migrations, numbered from 1 in
-// their own line. Apply them before starting a Relay or calling Insert;
+// their own line. Apply them before starting a relay.Relay or calling Insert;
 // sqlc reads the same files, so the queries and the schema cannot drift.
 func Migrations() fs.FS {
 	sub, err := fs.Sub(migrationFiles, "migrations")

@@ -1,6 +1,6 @@
-// Package outbox implements the transactional outbox: events are written
-// in the same database transaction as the business change (Writer.Insert),
-// and a relay delivers them to Kafka afterwards (Relay).
+// Package outbox implements the write side of the transactional outbox:
+// events are written in the same database transaction as the business
+// change (Writer.Insert), and a relay delivers them to Kafka afterwards.
 //
 // Writer.Insert closes the dual-write window: because the event row commits
 // or rolls back with the business row, there is no moment at which the
@@ -11,24 +11,29 @@
 // The package knows nothing about the business domain; services describe
 // their event types with EventType.
 //
-// Relay closes the windows of delivery. It leases rows in a short claim
-// transaction and sends them with no transaction open (R1); a relay that
-// dies at any point leaves either an unleased row or a lease that expires,
-// so a successor sends the row again with the same event_id (R3). It
-// confirms a row only after the broker's acknowledgement and only while it
-// still holds the lease token (R2), so a relay that stalled past its lease
-// cannot overwrite its successor's claim. Broker errors and timeouts are
-// unknown outcomes, retried with a backoff stored in the row (R4); events
-// that can never be sent are parked (R5). Delivery is therefore at least
-// once: consumers deduplicate on event_id.
+// The unit is split by audience, the way riverqueue/river keeps its
+// client's insert in its root package and the rest in packages of their
+// own. A service that only writes events imports this package alone:
+//   - package relay (internal/outbox/relay): the process that delivers the
+//     committed rows to Kafka, at least once and in order (R1-R9), and the
+//     backlog metrics.
+//   - package operate (internal/outbox/operate): the on-call engineer's
+//     operations (repair, resume, replay, retention cleanup, publish
+//     modes), their HTTP API and its typed client.
+//   - package cloudevents: the record format the relay writes and
+//     consumers decode.
+//   - internal/: the generated queries and what the packages above share;
+//     Go's internal rule keeps them private to the unit.
 //
-// The package is self-contained (L1): it owns its migrations, queries and
+// The unit is self-contained (L1): it owns its migrations, queries and
 // generated code, and imports nothing from the service that uses it, so it
-// can be copied into another module with one import-path change. Its API:
+// can be copied into another module with one import-path change. This
+// package's API:
 //
 // Writing, inside the business transaction:
 //   - EventType, Ordering (Strict, Independent): the event types a service
-//     emits, their delivery ordering and their JSON Schemas.
+//     emits, their delivery ordering and their JSON Schemas. The relay is
+//     given the same list.
 //   - Event: one event to write.
 //   - NewWriter, Writer: checks events against the event types.
 //   - Writer.Insert: validates and writes events in the caller's pgx.Tx;
@@ -38,60 +43,23 @@
 //   - ErrInvalidEvent, ErrPayloadTooLarge, ErrUnknownEventType,
 //     ErrUnknownSchemaVersion, InvalidEventError: why an event was refused.
 //
-// Relaying, after commit:
-//   - Config, NewRelay, Relay: the relay and its settings.
-//   - Relay.Run, Relay.Nudge, Relay.Owner, Relay.BrokerState, BrokerOK.
-//   - DefaultBatchSize, DefaultLease, DefaultPollInterval,
-//     DefaultBackoffBase, DefaultBackoffCap, DefaultMaxMessageBytes: the
-//     defaults of Config's zero values.
+// Migrating from publishing inside the transaction (O7):
+//   - DirectPublisher, WriterOption, WithDirectPublisher: the legacy path
+//     the Writer calls for event types an operator switched to direct or
+//     shadow mode (operate.PublishMode); ErrNoDirectPublisher,
+//     ErrDirectPublish.
 //
-// Operating:
+// Setting up and answering consumers:
 //   - Migrations, MigrationLine: the outbox table's migrations, a goose
 //     line of their own.
-//   - EnsureTopic: creates the relay's topic in the background (O3).
 //   - EventsOf, EventRef: which event_id the outbox wrote at each version
 //     of an aggregate, archived ones included: the producer's answer to a
 //     consumer that must tell its genuine events from forged ones (C7).
-//   - NewStatsCollector, StatsCollector: the backlog metrics (O1).
-//     NewRelay registers one itself; register your own only in a process
-//     that runs no relay.
-//   - ErrorClass and its Class… values, ErrorClass.Parks: why a delivery
-//     failed, as stored in last_error_class and labelled in metrics.
-//   - NewAdmin, Admin, Actor: the operations, each write audited with its
-//     actor and reason (O4-O6): Stats, Parked, Event, Repair, Resume
-//     (AdminOption, WithRepairCheck: the service's own check of a repair;
-//     ErrRepairRefused); PlanReplay, ReplayPlan, ApproveReplay, RunReplay
-//     with ReplayPolicy, Consumer and ReplayTarget (ErrNeedsApproval,
-//     ErrApprovalExpired); ResumeReplays and WaitReplays, which continue
-//     replays whose process stopped and let a stopping one record where
-//     it was; Cleanup (the retention, into outbox_archive); Collector;
-//     Handler and AdminHandlerConfig, the same as a JSON HTTP API.
-//   - AdminClient, NewAdminClient: that API's client, one method per
-//     endpoint, with its bodies (RepairRequest, ResumeRequest,
-//     ResumeResult, PlanRequest, ReasonRequest, PublishModeRequest,
-//     PublishModeChange) shared with the handler, and ParseSince for the
-//     since parameter; errors come back as the *problem.Problem of the
-//     outbox/problem package, the module's one RFC 9457 writer.
-//
-// Migrating from publishing inside the transaction (O7):
-//   - PublishMode (ModeDirect, ModeShadow, ModeOutbox), ParsePublishMode:
-//     which path sends an event type's events, stored per row.
-//   - DirectPublisher, WriterOption, WithDirectPublisher: the legacy path
-//     the Writer calls for types in direct or shadow mode.
-//   - Admin.PublishModes, Admin.SetPublishMode, Admin.ShadowReport and
-//     ShadowReport, ShadowCount, ShadowDiff, ModeSetting: switching and
-//     what shadow mode found.
-//   - ErrInvalidPublishMode, ErrNoDirectPublisher, ErrDirectPublish.
 //
 // Tracing (L4): Insert stores the W3C trace context of the span in its
-// context with each row, and the relay sends each row in a produce span that
-// continues it, with a link to the span of the relay's batch; the record
-// carries the produce span's context to the consumer. Both use the
-// OpenTelemetry API only: without an SDK installed they record nothing and
-// pass the stored context through unchanged.
-//
-// Wire format: package cloudevents (the CloudEvents Kafka binding the relay
-// writes and consumers decode).
+// context with each row, and the relay continues it when it sends the row.
+// It uses the OpenTelemetry API only: without an SDK installed nothing is
+// recorded.
 package outbox
 
 import (

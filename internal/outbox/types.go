@@ -28,8 +28,9 @@ func (o Ordering) String() string {
 	}
 }
 
-// EventType describes one event type to the Writer and the Relay. A
-// service keeps one list of them and gives it to both.
+// EventType describes one event type to the Writer and the relay
+// (relay.Config.Types). A service keeps one list of them and gives it to
+// both.
 type EventType struct {
 	// Name is the event type, e.g. "invoice.issued" (the CloudEvents type):
 	// printable UTF-8 of at most cloudevents.MaxTypeBytes.

@@ -93,8 +93,9 @@ type Writer struct {
 }
 
 // NewWriter compiles the JSON Schemas of types once. It refuses what
-// NewRelay refuses (no types, a duplicate or unprintable name, a schema
-// that does not compile), so a service can build both from one list.
+// relay.NewRelay refuses (no types, a duplicate or unprintable name, a
+// schema that does not compile), so a service can build both from one
+// list.
 // A service migrating from publishing inside its transaction passes
 // WithDirectPublisher.
 func NewWriter(types []EventType, opts ...WriterOption) (*Writer, error) {

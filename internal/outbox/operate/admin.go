@@ -1,3 +1,42 @@
+// Package operate holds the outbox's operations, the tools of an on-call
+// engineer: what is stuck and why, and how to move it again without losing
+// an event or sending one twice by accident.
+//
+// Each write is audited with its actor and reason, in the same
+// transaction as the change (O4-O6), and re-checks what it changes: a
+// repaired payload passes the Writer's checks and the service's own
+// (WithRepairCheck) before the row is released, a replay needs a plan, and
+// a large one a second admin's approval, before anything is published, and
+// the retention cleanup keeps the identity of every event it deletes.
+//
+// Its API:
+//   - NewAdmin, Admin, Actor, AdminOption, WithRepairCheck: the operations
+//     over one outbox and its Writer.
+//   - Admin.Stats, Admin.Parked, Admin.Event (Stat, ParkedFilter,
+//     EventSummary, EventDetail, AuditEntry, ReplayRecord): what is there.
+//   - Admin.Repair (Repair), Admin.Resume: release parked events (O4;
+//     ErrNotFound, ErrNotParked, ErrNothingToChange, ErrRepairRefused).
+//   - Admin.PlanReplay, ReplayPlan, ApproveReplay, RunReplay with
+//     ReplaySelector, ReplayPolicy, Consumer, ConsumerImpact, SkippedEvent
+//     and ReplayTarget; ResumeReplays and WaitReplays, which continue
+//     replays whose process stopped and let a stopping one record where it
+//     was (O5; ErrNeedsApproval, ErrApprovalExpired, ErrSameApprover,
+//     ErrPlanState, ErrTooManyEvents, ErrBadSelector).
+//   - Admin.Cleanup (Cleanup), Admin.Collector: the retention, into
+//     outbox_archive (O6).
+//   - PublishMode (ModeDirect, ModeShadow, ModeOutbox), ParsePublishMode,
+//     ErrInvalidPublishMode, Admin.PublishModes, Admin.SetPublishMode,
+//     Admin.ShadowReport and ModeSetting, ShadowReport, ShadowCount,
+//     ShadowDiff: migrating from publishing inside the transaction (O7).
+//   - Admin.Handler, AdminHandlerConfig: the same as a JSON HTTP API,
+//     behind the caller's authentication.
+//   - AdminClient, NewAdminClient: that API's client, one method per
+//     endpoint, with its bodies (RepairRequest, ResumeRequest,
+//     ResumeResult, PlanRequest, ReasonRequest, PublishModeRequest,
+//     PublishModeChange) shared with the handler, and ParseSince for the
+//     since parameter; errors come back as the *problem.Problem of the
+//     outbox/problem package, the module's one RFC 9457 writer.
+//   - ErrActorRequired: every write names its actor and reason.
 package operate
 
 import (

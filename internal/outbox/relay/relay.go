@@ -1,3 +1,42 @@
+// Package relay delivers the rows package outbox wrote to Kafka, after
+// their transaction committed. A service runs it in its own process or
+// beside its API; any number of relays can run at once.
+//
+// The relay closes the windows of delivery. It leases rows in a short claim
+// transaction and sends them with no transaction open (R1); a relay that
+// dies at any point leaves either an unleased row or a lease that expires,
+// so a successor sends the row again with the same event_id (R3). It
+// confirms a row only after the broker's acknowledgement and only while it
+// still holds the lease token (R2), so a relay that stalled past its lease
+// cannot overwrite its successor's claim. Broker errors and timeouts are
+// unknown outcomes, retried with a backoff stored in the row (R4); events
+// that can never be sent are parked (R5), and under strict ordering a
+// parked event holds back its aggregate's later ones (R6). Delivery is
+// therefore at least once: consumers deduplicate on event_id.
+//
+// Its API:
+//   - Config, NewRelay, Relay: the relay and its settings; Config.Types is
+//     the service's []outbox.EventType, the list its Writer was built with.
+//   - Relay.Run, Relay.Nudge, Relay.Owner, Relay.BrokerState, BrokerOK.
+//   - DefaultBatchSize, DefaultLease, DefaultPollInterval,
+//     DefaultBackoffBase, DefaultBackoffCap, DefaultMaxMessageBytes: the
+//     defaults of Config's zero values.
+//   - EnsureTopic: creates the relay's topic in the background (O3).
+//   - NewStatsCollector, StatsCollector, DefaultStatsRefresh: the backlog
+//     metrics (O1). NewRelay registers one itself; register your own only
+//     in a process that runs no relay.
+//   - ErrorClass and its Class… values, ErrorClass.Parks: why a delivery
+//     failed, as stored in last_error_class and labelled in metrics.
+//   - ShadowMatch, ShadowMismatch, ShadowMissing: what the relay found
+//     when it compared a shadow-mode row with the direct path's send (O7).
+//
+// Tracing (L4): the relay sends each row in a produce span that continues
+// the trace stored with the row, linked to the span of the relay's batch;
+// the record carries the produce span's context to the consumer.
+//
+// The record format is package cloudevents. In builds with the
+// "failpoints" tag the relay kills itself at named crash points
+// (failpoint_on.go), for the end-to-end tests.
 package relay
 
 import (

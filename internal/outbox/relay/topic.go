@@ -33,7 +33,7 @@ const (
 // until the topic exists or ctx ends, so EnsureTopic may take as long as
 // the outage. Run it in its own goroutine, next to the relay:
 //
-//	go outbox.EnsureTopic(ctx, kafkaOpts, "billing.events", 6, log)
+//	go relay.EnsureTopic(ctx, kafkaOpts, "billing.events", 6, log)
 //
 // Start-up must never wait for it (O3): until the topic exists, the relay's
 // sends fail as unknown_topic and are retried like any transient failure.

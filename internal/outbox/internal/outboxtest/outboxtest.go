@@ -170,6 +170,8 @@ type Env struct {
 	Conn  []kgo.Opt // how clients reach the cluster: seed brokers, SASL
 }
 
+// Setup gives a test its Env: a fresh database and a one-broker kfake
+// cluster with Topic, both gone when the test ends.
 func Setup(t testing.TB, opts ...kfake.Opt) *Env {
 	t.Helper()
 	db := NewDB(t)
@@ -179,6 +181,8 @@ func Setup(t testing.TB, opts ...kfake.Opt) *Env {
 	return &Env{DB: db, Kafka: c, Addrs: c.ListenAddrs(), Conn: []kgo.Opt{kgo.SeedBrokers(c.ListenAddrs()...)}}
 }
 
+// Logger discards, unless OUTBOX_TEST_LOG is set: then it writes debug
+// logs to stderr.
 func Logger() *slog.Logger {
 	if os.Getenv("OUTBOX_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -256,8 +260,10 @@ func Event(agg string, v int64, opts ...func(*outbox.Event)) outbox.Event {
 	return e
 }
 
+// Loose makes an Event of the independent type.
 func Loose(e *outbox.Event) { e.Type = LooseType }
 
+// WithPayload sets an Event's payload.
 func WithPayload(p string) func(*outbox.Event) {
 	return func(e *outbox.Event) { e.Payload = json.RawMessage(p) }
 }
@@ -319,6 +325,7 @@ type Row struct {
 	Offset         *int64
 }
 
+// Rows returns every outbox row, by event id.
 func (e *Env) Rows(t *testing.T) map[uuid.UUID]Row {
 	t.Helper()
 	rs, err := e.DB.Pool.Query(context.Background(), `
@@ -338,6 +345,7 @@ func (e *Env) Rows(t *testing.T) map[uuid.UUID]Row {
 	return out
 }
 
+// Row returns the outbox row of id, failing the test when there is none.
 func (e *Env) Row(t *testing.T, id uuid.UUID) Row {
 	t.Helper()
 	r, ok := e.Rows(t)[id]
@@ -479,6 +487,7 @@ type LogBuffer struct {
 	buf []byte
 }
 
+// Write appends p.
 func (b *LogBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -486,6 +495,7 @@ func (b *LogBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// String returns what was written.
 func (b *LogBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -12,9 +12,10 @@ import (
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
 )
 
-// propagator reads and writes the traceparent column and headers. Their format is
-// W3C Trace Context by contract, so they do not follow the service's global
-// propagator, which may be configured for other formats or add baggage.
+// propagator reads and writes the traceparent column and headers. Their
+// format is W3C Trace Context by contract, so they do not follow the
+// service's global propagator, which may be configured for other formats
+// or add baggage.
 var propagator = propagation.TraceContext{}
 
 // FromContext returns the W3C traceparent and tracestate of the span in
