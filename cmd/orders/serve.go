@@ -158,11 +158,11 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	brokerState := func() string { return "not used here (RELAY_ENABLED=false)" }
 	if cfg.Relay.Enabled {
 		relayDone = make(chan error, 1)
-		relay, err := startRelay(relayCtx, cfg, pool, log, reg, orderEventTypes())
+		rel, err := startRelay(relayCtx, cfg, pool, log, reg, orderEventTypes())
 		if err != nil {
 			return err
 		}
-		nudge, brokerState = relay.Nudge, relay.BrokerState
+		nudge, brokerState = rel.Nudge, rel.BrokerState
 		go func() {
 			// Claims on missing tables would only fail; wait for `orders
 			// migrate` (readiness says what is missing meanwhile).
@@ -170,7 +170,7 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 				relayDone <- nil
 				return
 			}
-			relayDone <- relay.Run(relayCtx)
+			relayDone <- rel.Run(relayCtx)
 		}()
 	} else {
 		// The backlog metrics come from the table, so this process still

@@ -88,14 +88,14 @@ func newChain(t *testing.T) *chain {
 
 	types, err := orders.EventTypes()
 	require.NoError(t, err)
-	relay, err := relay.NewRelay(relay.Config{
+	rel, err := relay.NewRelay(relay.Config{
 		Pool: c.ordersPool, Kafka: []kgo.Opt{kgo.SeedBrokers(c.broker)}, Topic: topic, Source: "urn:outboxref:orders",
 		Types: types, PollInterval: 100 * time.Millisecond, Logger: c.log, TracerProvider: provider,
 	})
 	require.NoError(t, err)
-	background(t, relay.Run)
+	background(t, rel.Run)
 
-	svc, err := orders.NewService(c.ordersPool, orders.WithLogger(c.log), orders.WithNudge(relay.Nudge))
+	svc, err := orders.NewService(c.ordersPool, orders.WithLogger(c.log), orders.WithNudge(rel.Nudge))
 	require.NoError(t, err)
 	tk, err := auth.ParseTokens(tokens)
 	require.NoError(t, err)
