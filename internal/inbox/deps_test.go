@@ -5,7 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/orders/internal/inbox"
 )
 
 // TestSelfContained: the inbox is copied into other services with its
@@ -38,3 +42,21 @@ func TestSelfContained(t *testing.T) {
 		require.True(t, ok, "the inbox depends on %s, which a service copying it would not have", dep)
 	}
 }
+
+// TestPublicAPINamesNoGeneratedCode: a service calls the inbox through its
+// own types, so that regenerating the queries (or replacing sqlc) never
+// changes what callers compile against. The documented API must not name
+// the generated package, not even through an alias.
+func TestPublicAPINamesNoGeneratedCode(t *testing.T) {
+	t.Parallel()
+	doc, err := exec.Command("go", "doc", "-all", ".").Output()
+	require.NoError(t, err)
+	require.NotContains(t, string(doc), "inboxdb.", "the inbox's exported API exposes its generated code")
+}
+
+// What DBTX promises: a pool, a connection and a transaction all satisfy it.
+var (
+	_ inbox.DBTX = (*pgxpool.Pool)(nil)
+	_ inbox.DBTX = (*pgx.Conn)(nil)
+	_ inbox.DBTX = pgx.Tx(nil)
+)

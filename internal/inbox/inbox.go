@@ -74,6 +74,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -205,6 +206,18 @@ const (
 	// RejectDropped: an operator dropped the held event (DropHeld).
 	RejectDropped = "dropped"
 )
+
+// DBTX is where the inbox's standalone functions (ParkRecord and the
+// operators' reads) run their statements: a *pgxpool.Pool, a *pgx.Conn or a
+// pgx.Tx, all of which have these methods. Pass a transaction to make the
+// call part of the caller's own writes (a record parked in the same
+// transaction as its batch), a pool otherwise. The methods are pgx's own,
+// so the inbox's public API names no generated code.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, arguments ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // Config configures an Inbox.
 type Config struct {

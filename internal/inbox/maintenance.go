@@ -11,10 +11,6 @@ import (
 	"github.com/outboxref/orders/internal/inbox/inboxdb"
 )
 
-// DBTX is what the inbox's standalone writes need: a pool, a connection or
-// a transaction.
-type DBTX = inboxdb.DBTX
-
 // ErrRetentionTooShort is returned by CheckRetention.
 var ErrRetentionTooShort = errors.New("inbox: processed_event retention too short")
 
