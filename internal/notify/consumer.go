@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
@@ -527,6 +528,32 @@ func (c *Consumer) applyBatch(ctx context.Context, recs []*kgo.Record) (items []
 		return nil, failed, err
 	}
 	return items, -1, nil
+}
+
+// applyAll runs events through the inbox inside the caller's transaction
+// (inbox.ProcessBatch), each in an apply span of its own, a child of its
+// record's consume span (ctxs, in the same order). The inbox handles the
+// events together, so each span covers the batch's inbox work, not only
+// the event's part; the commit is the batch's and is in none of them.
+func (c *Consumer) applyAll(ctx context.Context, tx pgx.Tx, events []inbox.Event, ctxs []context.Context) ([]inbox.Result, error) {
+	spans := make([]trace.Span, len(events))
+	for i, e := range events {
+		_, spans[i] = c.tracer.Start(ctxs[i], "inbox apply", trace.WithAttributes(
+			attribute.String("event.id", e.ID.String()),
+			attribute.String("event.type", e.Type),
+			attribute.Int("inbox.batch_size", len(events)),
+		))
+	}
+	results, err := c.inbox.ProcessBatch(ctx, tx, events)
+	for i, span := range spans {
+		if err != nil {
+			failSpan(span, err)
+		} else {
+			span.SetAttributes(attribute.String("inbox.outcome", string(results[i].Outcome)), attribute.Int("inbox.applied", len(results[i].Applied)))
+		}
+		span.End()
+	}
+	return results, err
 }
 
 // parkable reports whether err means the record can never be processed:
