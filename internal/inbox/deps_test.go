@@ -1,9 +1,15 @@
 package inbox_test
 
 import (
+	"go/ast"
+	"go/doc"
+	"go/parser"
+	"go/token"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -60,3 +66,58 @@ var (
 	_ inbox.DBTX = (*pgx.Conn)(nil)
 	_ inbox.DBTX = pgx.Tx(nil)
 )
+
+// TestPackageDocListsAPI: the package doc is where a reader learns the
+// inbox's API, grouped by who calls it, so every exported name (a method as
+// Type.Method) must appear in it; a name added without a place in the list
+// fails here.
+func TestPackageDocListsAPI(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	var files []*ast.File
+	paths, err := filepath.Glob("*.go")
+	require.NoError(t, err)
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, p, nil, parser.ParseComments)
+		require.NoError(t, err)
+		files = append(files, f)
+	}
+	pkg, err := doc.NewFromFiles(fset, files, "github.com/outboxref/orders/internal/inbox")
+	require.NoError(t, err)
+	words := map[string]bool{}
+	for _, w := range strings.FieldsFunc(pkg.Doc, func(r rune) bool {
+		return !unicode.IsLetter(r) && !unicode.IsDigit(r) && r != '.' && r != '_'
+	}) {
+		words[strings.TrimRight(w, ".")] = true
+	}
+	var names []string
+	values := func(vs []*doc.Value) {
+		for _, v := range vs {
+			names = append(names, v.Names...)
+		}
+	}
+	values(pkg.Consts)
+	values(pkg.Vars)
+	for _, f := range pkg.Funcs {
+		names = append(names, f.Name)
+	}
+	for _, typ := range pkg.Types {
+		names = append(names, typ.Name)
+		values(typ.Consts)
+		values(typ.Vars)
+		for _, f := range typ.Funcs {
+			names = append(names, f.Name)
+		}
+		for _, m := range typ.Methods {
+			if m.Name != "Error" && m.Name != "Unwrap" { // the error interface's
+				names = append(names, typ.Name+"."+m.Name)
+			}
+		}
+	}
+	for _, n := range names {
+		require.True(t, words[n], "the package doc does not list %s", n)
+	}
+}

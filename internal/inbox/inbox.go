@@ -37,29 +37,54 @@
 // a version.
 //
 // The package knows nothing about the business domain: the service passes
-// its business change and effects as functions in Config. Its public API:
+// its business change and effects as functions in Config. It owns its
+// migrations, queries and generated code (inboxdb, which no exported name
+// mentions), and imports nothing from the service that uses it, so it can be
+// copied into another module with one import-path change. Its API, by the
+// side that calls it:
 //
-//   - New, Config, Inbox: Handle (one event, own transaction), Process (in
-//     the caller's transaction), ProcessBatch (several events in the
-//     caller's transaction, set-based when possible), Observe, ResyncDue,
-//     Cleanup, RefreshStats, Metrics;
-//   - Event, Result, Outcome (Applied, Duplicate, Held, Conflict, Covered),
-//     ApplyFunc, BatchApplyFunc, EventError, RejectFunc, Snapshot,
-//     FetchFunc, SnapshotFunc;
-//   - DecodeRecord (the CloudEvents record written by the outbox relay),
-//     Schemas, NewSchemas and StrictJSON (payloads checked against the
-//     producer's JSON Schemas), ParkRecord and ParkedHeader (poison records,
-//     stored losslessly);
-//   - RejectConflict, RejectNotFound, RejectImpostor, RejectDropped (the
-//     reasons a RejectFunc is given);
-//   - for operators (O4): ParkedRecords, ParkedRecordByID, ParkedEvents,
-//     HeldEvents, Conflicts, Inbox.RetryParked with a DecodeFunc and
-//     Inbox.DropHeld; ParkedRecord, ParkedListOptions, ParkedEvent,
-//     HeldEvent, ConflictRecord, Retry, Resolution;
-//   - IsTransient, CheckRetention, Migrations and MigrationLine;
-//   - errors ErrInvalidEvent, ErrUnknownType, ErrInvalidPayload,
-//     ErrNotFound, ErrRetentionTooShort, ErrParkedRecordNotFound,
-//     ErrAlreadyResolved, ErrHeldEventNotFound.
+// Consuming, in the consumer's transaction:
+//   - New, Config, Inbox: one inbox per consumer, with the service's
+//     functions: ApplyFunc, BatchApplyFunc, RejectFunc (given RejectConflict,
+//     RejectNotFound, RejectImpostor or RejectDropped).
+//   - Inbox.Handle (one event, own transaction), Inbox.Process (in the
+//     caller's pgx.Tx), Inbox.ProcessBatch (several events in the caller's
+//     transaction, set-based when possible; EventError names the event that
+//     failed), then Inbox.Observe once the transaction committed.
+//   - Event (Event.LogAttrs), Result, Outcome (Applied, Duplicate, Held,
+//     Conflict, Covered).
+//   - DecodeRecord: the CloudEvents record written by the outbox relay.
+//     Schemas, NewSchemas, Schemas.Check and StrictJSON: payloads checked
+//     against the producer's JSON Schemas. ErrInvalidEvent, ErrUnknownType
+//     and ErrInvalidPayload: why an event can never be processed.
+//   - ParkRecord, ParkedHeader: a record that can never be processed, stored
+//     losslessly (C6), through a DBTX (a pool or the batch's transaction).
+//   - IsTransient: an infrastructure failure, retried rather than parked.
+//   - Inbox.Metrics, Metrics (Metrics.InitEventTypes): the Prometheus
+//     collectors.
+//
+// Resynchronising from the source of truth (C3, C7):
+//   - Inbox.ResyncDue, run periodically; FetchFunc and SnapshotFunc in
+//     Config; Snapshot; ErrNotFound; ResyncOK, ResyncNotFound, ResyncStale
+//     and ResyncError (the result label of inbox_resyncs_total).
+//
+// Operating (O4), for an on-call engineer's API:
+//   - ParkedRecords (ParkedListOptions), ParkedRecordByID, ParkedRecord
+//     (ParkedRecord.Open, ParkedRecord.Record), ErrParkedRecordNotFound.
+//   - Inbox.RetryParked with a DecodeFunc, in the caller's transaction:
+//     Retry, Resolution (ResolutionApplied, ResolutionRetried,
+//     ResolutionStillFailing), ErrAlreadyResolved.
+//   - HeldEvents (HeldEvent), ParkedEvents (ParkedEvent), Conflicts
+//     (ConflictRecord).
+//   - Inbox.DropHeld, in the caller's transaction: Drop,
+//     ErrHeldEventNotFound.
+//   - Inbox.RefreshStats, Stats: the counts behind the gauges.
+//
+// Migrating and upkeep:
+//   - Migrations, MigrationLine: the inbox's tables, a goose line of their
+//     own.
+//   - CheckRetention, ErrRetentionTooShort: the processed_event retention
+//     checked at start-up (C5); Inbox.Cleanup deletes expired markers.
 package inbox
 
 import (
