@@ -10,7 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxref/orders/internal/inbox/inboxdb"
+	"github.com/outboxref/orders/internal/inbox/internal/inboxdb"
 )
 
 // BatchApplyFunc performs the changes of several events inside tx, as

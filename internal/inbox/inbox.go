@@ -38,10 +38,10 @@
 //
 // The package knows nothing about the business domain: the service passes
 // its business change and effects as functions in Config. It owns its
-// migrations, queries and generated code (inboxdb, which no exported name
-// mentions), and imports nothing from the service that uses it, so it can be
-// copied into another module with one import-path change. Its API, by the
-// side that calls it:
+// migrations, queries and generated code (internal/inboxdb, which Go keeps
+// private to the package and no exported name mentions), and imports
+// nothing from the service that uses it, so it can be copied into another
+// module with one import-path change. Its API, by the side that calls it:
 //
 // Consuming, in the consumer's transaction:
 //   - New, Config, Inbox: one inbox per consumer, with the service's
@@ -103,7 +103,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxref/orders/internal/inbox/inboxdb"
+	"github.com/outboxref/orders/internal/inbox/internal/inboxdb"
 )
 
 // ErrInvalidEvent is returned for an event that lacks an identity, an

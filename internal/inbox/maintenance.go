@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxref/orders/internal/inbox/inboxdb"
+	"github.com/outboxref/orders/internal/inbox/internal/inboxdb"
 )
 
 // ErrRetentionTooShort is returned by CheckRetention.

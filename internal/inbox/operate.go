@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/internal/inbox/inboxdb"
+	"github.com/outboxref/orders/internal/inbox/internal/inboxdb"
 )
 
 // Operating the inbox (O4): what it parked or refused, listed for an

@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/outboxref/orders/internal/inbox/inboxdb"
+	"github.com/outboxref/orders/internal/inbox/internal/inboxdb"
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
 )
 
