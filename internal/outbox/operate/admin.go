@@ -22,8 +22,9 @@
 //     replays whose process stopped and let a stopping one record where it
 //     was (O5; ErrNeedsApproval, ErrApprovalExpired, ErrSameApprover,
 //     ErrPlanState, ErrTooManyEvents, ErrBadSelector).
-//   - Admin.Cleanup (Cleanup), Admin.Collector: the retention, into
-//     outbox_archive (O6).
+//   - Admin.Cleanup (Cleanup), Admin.RunCleanup, Admin.Collector: the
+//     retention, into outbox_archive (O6): one run, or the loop a service
+//     starts once to run it every interval, with its metrics.
 //   - PublishMode (ModeDirect, ModeShadow, ModeOutbox), ParsePublishMode,
 //     ErrInvalidPublishMode, Admin.PublishModes, Admin.SetPublishMode,
 //     Admin.ShadowReport and ModeSetting, ShadowReport, ShadowCount,
@@ -101,7 +102,7 @@ type Admin struct {
 	pool        *pgxpool.Pool
 	writer      *outbox.Writer
 	repairCheck func(outbox.Event) error
-	deleted     *prometheus.CounterVec
+	metrics     cleanupMetrics
 	ownerPrefix string // host:pid, the start of every replay runner's owner token
 
 	runsMu   sync.Mutex
@@ -128,16 +129,17 @@ func WithRepairCheck(check func(outbox.Event) error) AdminOption {
 // NewAdmin returns the operations over the outbox in pool. writer checks a
 // repaired payload against the registered schemas before it is stored.
 func NewAdmin(pool *pgxpool.Pool, writer *outbox.Writer, opts ...AdminOption) *Admin {
-	a := &Admin{pool: pool, writer: writer, deleted: newCleanupCounter(), ownerPrefix: ownerPrefix()}
+	a := &Admin{pool: pool, writer: writer, metrics: newCleanupMetrics(), ownerPrefix: ownerPrefix()}
 	for _, o := range opts {
 		o(a)
 	}
 	return a
 }
 
-// Collector returns the operations' metrics (the cleanup's deleted rows,
-// outbox_cleanup_deleted_total{table}), for the service's registry.
-func (a *Admin) Collector() prometheus.Collector { return a.deleted }
+// Collector returns the operations' metrics, for the service's registry:
+// the cleanup's removed rows (outbox_cleanup_deleted_total{table}) and
+// RunCleanup's runs (outbox_cleanup_runs_total{result}).
+func (a *Admin) Collector() prometheus.Collector { return a.metrics }
 
 // Stat is the count of events of one type in one state, and the oldest.
 type Stat struct {

@@ -3,6 +3,7 @@ package operate
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
@@ -30,14 +31,102 @@ type Cleanup struct {
 	Pause     time.Duration
 }
 
-func newCleanupCounter() *prometheus.CounterVec {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "outbox_cleanup_deleted_total",
-		Help: "Rows deleted by the retention cleanup, by table; deleted outbox rows are archived first (identity and broker position).",
-	}, []string{"table"})
-	c.WithLabelValues("outbox")
-	c.WithLabelValues("outbox_direct_log")
-	return c
+// cleanupMetrics are the retention's metrics, one collector for the
+// service's registry (Admin.Collector).
+type cleanupMetrics struct {
+	deleted *prometheus.CounterVec // rows removed, by table
+	runs    *prometheus.CounterVec // RunCleanup's runs, by result
+}
+
+func newCleanupMetrics() cleanupMetrics {
+	m := cleanupMetrics{
+		deleted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_cleanup_deleted_total",
+			Help: "Rows deleted by the retention cleanup, by table; deleted outbox rows are archived first (identity and broker position).",
+		}, []string{"table"}),
+		// A failing cleanup is silent otherwise: nothing breaks until the
+		// table has grown for weeks, or payloads outlive their retention.
+		// Alert on failed runs, or on no ok run for several intervals.
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "outbox_cleanup_runs_total",
+			Help: "Runs of the periodic retention cleanup (RunCleanup), by result: ok or failed.",
+		}, []string{"result"}),
+	}
+	m.deleted.WithLabelValues("outbox")
+	m.deleted.WithLabelValues("outbox_direct_log")
+	m.runs.WithLabelValues("ok")
+	m.runs.WithLabelValues("failed")
+	return m
+}
+
+// Describe implements prometheus.Collector.
+func (m cleanupMetrics) Describe(ch chan<- *prometheus.Desc) {
+	m.deleted.Describe(ch)
+	m.runs.Describe(ch)
+}
+
+// Collect implements prometheus.Collector.
+func (m cleanupMetrics) Collect(ch chan<- prometheus.Metric) {
+	m.deleted.Collect(ch)
+	m.runs.Collect(ch)
+}
+
+// maxFirstCleanupDelay is how long RunCleanup waits before its first run
+// at most. Not at once: after a deployment every process starts within
+// seconds, and the database is busiest then with connection set-up and
+// the relays' catch-up.
+const maxFirstCleanupDelay = time.Minute
+
+// RunCleanup runs the retention cleanup c (Admin.Cleanup) every interval
+// until ctx ends, so that a service starts one goroutine instead of
+// writing its own loop. The first run comes after interval or a minute,
+// whichever is shorter; the next interval is counted from the end of a
+// run, so a long run never overlaps the next. Every process of a service
+// may run it: the advisory lock lets one run at a time, and the others
+// return at once.
+//
+// A failed run is logged on log and counted in
+// outbox_cleanup_runs_total{result="failed"}; the next interval tries
+// again, and continues where the failed run stopped. A run that removed
+// rows is logged at info level. RunCleanup returns when ctx ends; it
+// returns at once, after logging it, when c is invalid or interval is not
+// positive.
+func (a *Admin) RunCleanup(ctx context.Context, c Cleanup, interval time.Duration, log *slog.Logger) {
+	if err := c.check(); err != nil || interval <= 0 {
+		log.ErrorContext(ctx, "outbox cleanup not started", "error", fmt.Sprint(err), "interval", interval.String())
+		return
+	}
+	t := time.NewTimer(min(interval, maxFirstCleanupDelay))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := a.Cleanup(ctx, c)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return // stopped mid-run: not a failure
+		case err != nil:
+			a.metrics.runs.WithLabelValues("failed").Inc()
+			log.ErrorContext(ctx, "outbox cleanup failed", "error", err.Error())
+		default:
+			a.metrics.runs.WithLabelValues("ok").Inc()
+			if n > 0 {
+				log.InfoContext(ctx, "outbox cleanup: delivered rows archived", "archived", n, "retention", c.Retention.String())
+			}
+		}
+		t.Reset(interval)
+	}
+}
+
+// check refuses settings under which a run could not make progress.
+func (c Cleanup) check() error {
+	if c.Retention <= 0 || c.BatchSize <= 0 || c.Pause < 0 {
+		return fmt.Errorf("outbox cleanup: retention (%s) and batch size (%d) must be positive", c.Retention, c.BatchSize)
+	}
+	return nil
 }
 
 // Cleanup moves delivered rows older than c.Retention to the archive, in
@@ -51,8 +140,8 @@ func newCleanupCounter() *prometheus.CounterVec {
 // archive together), so a crash mid-run loses nothing and the next run
 // continues where it stopped.
 func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
-	if c.Retention <= 0 || c.BatchSize <= 0 || c.Pause < 0 {
-		return 0, fmt.Errorf("outbox cleanup: retention (%s) and batch size (%d) must be positive", c.Retention, c.BatchSize)
+	if err := c.check(); err != nil {
+		return 0, err
 	}
 	conn, err := a.pool.Acquire(ctx)
 	if err != nil {
@@ -93,7 +182,7 @@ func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
 		}
 		n := int64(len(rows))
 		total += n
-		a.deleted.WithLabelValues("outbox").Add(float64(n))
+		a.metrics.deleted.WithLabelValues("outbox").Add(float64(n))
 		for _, r := range rows {
 			if r.DeliveredAt == nil {
 				continue
@@ -117,7 +206,7 @@ func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
 			return total, fmt.Errorf("outbox cleanup: delete a batch of the direct log: %w", err)
 		}
 		total += n
-		a.deleted.WithLabelValues("outbox_direct_log").Add(float64(n))
+		a.metrics.deleted.WithLabelValues("outbox_direct_log").Add(float64(n))
 		if n < int64(c.BatchSize) {
 			return total, nil
 		}
