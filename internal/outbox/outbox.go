@@ -52,9 +52,10 @@
 // Setting up and answering consumers:
 //   - Migrations, MigrationLine: the outbox table's migrations, a goose
 //     line of their own.
-//   - EventsOf, EventRef: which event_id the outbox wrote at each version
-//     of an aggregate, archived ones included: the producer's answer to a
-//     consumer that must tell its genuine events from forged ones (C7).
+//   - EventsOf, EventRef, DB: which event_id the outbox wrote at each
+//     version of an aggregate, archived ones included: the producer's
+//     answer to a consumer that must tell its genuine events from forged
+//     ones (C7), read through a pool, connection or transaction.
 //
 // Tracing (L4): Insert stores the W3C trace context of the span in its
 // context with each row, and the relay continues it when it sends the row.
