@@ -22,8 +22,12 @@
 //     modes), their HTTP API and its typed client.
 //   - package cloudevents: the record format the relay writes and
 //     consumers decode.
-//   - internal/: the generated queries and what the packages above share;
-//     Go's internal rule keeps them private to the unit.
+//   - internal/: the generated queries of the write side and the relay
+//     (outboxdb) and what the packages above share; Go's internal rule
+//     keeps them private to the unit. The operations' queries are
+//     operate's own (operate/queries, generated into
+//     operate/internal/opsdb), so the write side and the relay can be
+//     copied without them.
 //
 // The unit is self-contained (L1): it owns its migrations, queries and
 // generated code, and imports nothing from the service that uses it, so it

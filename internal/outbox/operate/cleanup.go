@@ -9,7 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/operate/internal/opsdb"
 )
 
 // cleanupLockKey serialises outbox cleanups across every process that runs
@@ -148,7 +148,7 @@ func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
 		return 0, fmt.Errorf("outbox cleanup: %w", err)
 	}
 	defer conn.Release()
-	q := outboxdb.New(conn)
+	q := opsdb.New(conn)
 	if locked, err := q.CleanupLock(ctx, cleanupLockKey); err != nil || !locked {
 		return 0, err
 	}
@@ -158,8 +158,8 @@ func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
 		}
 	}()
 	// Each batch is read in its index's order whatever the statistics say
-	// (see outboxdb.ClaimInIndexOrder), for this session until the run ends.
-	if _, err := conn.Exec(ctx, outboxdb.CleanupInIndexOrder); err != nil {
+	// (see opsdb.CleanupInIndexOrder), for this session until the run ends.
+	if _, err := conn.Exec(ctx, opsdb.CleanupInIndexOrder); err != nil {
 		return 0, fmt.Errorf("outbox cleanup: %w", err)
 	}
 	defer func() {
@@ -174,7 +174,7 @@ func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
 	// time PostgreSQL stores.
 	after, afterID := time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), uuid.Nil
 	for {
-		rows, err := q.ArchiveDelivered(ctx, outboxdb.ArchiveDeliveredParams{
+		rows, err := q.ArchiveDelivered(ctx, opsdb.ArchiveDeliveredParams{
 			RetentionSeconds: c.Retention.Seconds(), AfterDeliveredAt: after, AfterEventID: afterID, BatchSize: int32(c.BatchSize),
 		})
 		if err != nil {
@@ -201,7 +201,7 @@ func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
 	// The direct path's log (O7) follows the same retention, by send time.
 	before := time.Now().Add(-c.Retention)
 	for {
-		n, err := q.DirectLogCleanup(ctx, outboxdb.DirectLogCleanupParams{SentBefore: before, BatchSize: int32(c.BatchSize)})
+		n, err := q.DirectLogCleanup(ctx, opsdb.DirectLogCleanupParams{SentBefore: before, BatchSize: int32(c.BatchSize)})
 		if err != nil {
 			return total, fmt.Errorf("outbox cleanup: delete a batch of the direct log: %w", err)
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/orders/internal/outbox"
-	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/operate/internal/opsdb"
 )
 
 // PublishMode says which path sends the events of one type while a
@@ -67,7 +67,7 @@ type ModeSetting struct {
 // PublishModes lists the mode of every event type the Admin's Writer knows,
 // and of any other type that has a mode set.
 func (a *Admin) PublishModes(ctx context.Context) ([]ModeSetting, error) {
-	rows, err := outboxdb.New(a.pool).PublishModes(ctx)
+	rows, err := opsdb.New(a.pool).PublishModes(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list publish modes: %w", err)
 	}
@@ -109,7 +109,7 @@ func (a *Admin) SetPublishMode(ctx context.Context, actor Actor, eventType strin
 	}
 	var before PublishMode
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		q := outboxdb.New(tx)
+		q := opsdb.New(tx)
 		cur, err := q.PublishModeLock(ctx, eventType)
 		if err != nil {
 			return fmt.Errorf("read publish mode: %w", err)
@@ -118,7 +118,7 @@ func (a *Admin) SetPublishMode(ctx context.Context, actor Actor, eventType strin
 		if mode == ModeOutbox {
 			err = q.PublishModeClear(ctx, eventType)
 		} else {
-			err = q.PublishModeSet(ctx, outboxdb.PublishModeSetParams{EventType: eventType, Mode: string(mode), ChangedBy: actor.Subject})
+			err = q.PublishModeSet(ctx, opsdb.PublishModeSetParams{EventType: eventType, Mode: string(mode), ChangedBy: actor.Subject})
 		}
 		if err != nil {
 			return fmt.Errorf("set publish mode: %w", err)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/operate/internal/opsdb"
 )
 
 // ShadowCount is how many shadow events of one type compared one way.
@@ -47,12 +47,12 @@ func (a *Admin) ShadowReport(ctx context.Context, eventType string, since time.T
 	if eventType != "" {
 		typ = &eventType
 	}
-	q := outboxdb.New(a.pool)
-	counts, err := q.ShadowReportCounts(ctx, outboxdb.ShadowReportCountsParams{Since: since, EventType: typ})
+	q := opsdb.New(a.pool)
+	counts, err := q.ShadowReportCounts(ctx, opsdb.ShadowReportCountsParams{Since: since, EventType: typ})
 	if err != nil {
 		return ShadowReport{}, fmt.Errorf("shadow report: %w", err)
 	}
-	diffs, err := q.ShadowReportDiffs(ctx, outboxdb.ShadowReportDiffsParams{Since: since, EventType: typ, RowLimit: int32(limit)})
+	diffs, err := q.ShadowReportDiffs(ctx, opsdb.ShadowReportDiffsParams{Since: since, EventType: typ, RowLimit: int32(limit)})
 	if err != nil {
 		return ShadowReport{}, fmt.Errorf("shadow report: %w", err)
 	}
