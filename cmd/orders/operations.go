@@ -265,25 +265,22 @@ func (o *operations) client() (*kgo.Client, error) {
 	return o.producer, nil
 }
 
-// runCleanup archives delivered rows and deletes idempotency keys past
-// their retention, every CLEANUP_INTERVAL, until ctx ends. Every process
-// may run it: a run that finds another running returns at once.
+// runCleanup archives delivered outbox rows and deletes idempotency keys
+// past their retention, every CLEANUP_INTERVAL, until ctx ends. The
+// outbox's retention is its own loop (operate.Admin.RunCleanup); the
+// idempotency keys are the service's table, cleaned here on the same
+// schedule. Every process may run both: a run that finds another running
+// returns at once.
 func (o *operations) runCleanup(ctx context.Context) {
-	t := time.NewTimer(time.Minute) // not at start-up, when restarts cluster
+	c := o.cfg.Ops
+	go o.admin.RunCleanup(ctx, operate.Cleanup{Retention: c.OutboxRetention, BatchSize: c.CleanupBatch, Pause: c.CleanupPause}, c.CleanupInterval, o.log)
+	t := time.NewTimer(min(c.CleanupInterval, time.Minute)) // not at start-up, when restarts cluster
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		c := o.cfg.Ops
-		if n, err := o.admin.Cleanup(ctx, operate.Cleanup{Retention: c.OutboxRetention, BatchSize: c.CleanupBatch, Pause: c.CleanupPause}); err != nil {
-			if ctx.Err() == nil {
-				o.log.ErrorContext(ctx, "outbox cleanup failed", "error", err.Error())
-			}
-		} else if n > 0 {
-			o.log.InfoContext(ctx, "outbox cleanup: delivered rows archived", "archived", n, "retention", c.OutboxRetention.String())
 		}
 		if n, err := o.keys.Run(ctx, c.IdempotencyKeyRetention, c.CleanupBatch, c.CleanupPause); err != nil {
 			if ctx.Err() == nil {

@@ -5,9 +5,21 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 )
+
+// DB is the connection EventsOf reads with: a *pgxpool.Pool, a *pgx.Conn
+// or a pgx.Tx of the producer's database all satisfy it. It is declared
+// here, rather than taken from the generated code, so that callers can
+// name it and pass their own wrapper.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // EventRef is the identity of one event the outbox wrote: which event_id
 // owns which version of its aggregate.
@@ -25,7 +37,7 @@ type EventRef struct {
 // with another event_id at that version was not written by this service.
 //
 // db is the producer's pool or a transaction of it.
-func EventsOf(ctx context.Context, db outboxdb.DBTX, aggregateType, aggregateID string) ([]EventRef, error) {
+func EventsOf(ctx context.Context, db DB, aggregateType, aggregateID string) ([]EventRef, error) {
 	rows, err := outboxdb.New(db).OutboxEventsOfAggregate(ctx, outboxdb.OutboxEventsOfAggregateParams{
 		AggregateType: aggregateType, AggregateID: aggregateID,
 	})

@@ -22,8 +22,12 @@
 //     modes), their HTTP API and its typed client.
 //   - package cloudevents: the record format the relay writes and
 //     consumers decode.
-//   - internal/: the generated queries and what the packages above share;
-//     Go's internal rule keeps them private to the unit.
+//   - internal/: the generated queries of the write side and the relay
+//     (outboxdb) and what the packages above share; Go's internal rule
+//     keeps them private to the unit. The operations' queries are
+//     operate's own (operate/queries, generated into
+//     operate/internal/opsdb), so the write side and the relay can be
+//     copied without them.
 //
 // The unit is self-contained (L1): it owns its migrations, queries and
 // generated code, and imports nothing from the service that uses it, so it
@@ -52,9 +56,10 @@
 // Setting up and answering consumers:
 //   - Migrations, MigrationLine: the outbox table's migrations, a goose
 //     line of their own.
-//   - EventsOf, EventRef: which event_id the outbox wrote at each version
-//     of an aggregate, archived ones included: the producer's answer to a
-//     consumer that must tell its genuine events from forged ones (C7).
+//   - EventsOf, EventRef, DB: which event_id the outbox wrote at each
+//     version of an aggregate, archived ones included: the producer's
+//     answer to a consumer that must tell its genuine events from forged
+//     ones (C7), read through a pool, connection or transaction.
 //
 // Tracing (L4): Insert stores the W3C trace context of the span in its
 // context with each row, and the relay continues it when it sends the row.

@@ -22,8 +22,9 @@
 //     replays whose process stopped and let a stopping one record where it
 //     was (O5; ErrNeedsApproval, ErrApprovalExpired, ErrSameApprover,
 //     ErrPlanState, ErrTooManyEvents, ErrBadSelector).
-//   - Admin.Cleanup (Cleanup), Admin.Collector: the retention, into
-//     outbox_archive (O6).
+//   - Admin.Cleanup (Cleanup), Admin.RunCleanup, Admin.Collector: the
+//     retention, into outbox_archive (O6): one run, or the loop a service
+//     starts once to run it every interval, with its metrics.
 //   - PublishMode (ModeDirect, ModeShadow, ModeOutbox), ParsePublishMode,
 //     ErrInvalidPublishMode, Admin.PublishModes, Admin.SetPublishMode,
 //     Admin.ShadowReport and ModeSetting, ShadowReport, ShadowCount,
@@ -55,8 +56,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxref/orders/internal/outbox"
-	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 	"github.com/outboxref/orders/internal/outbox/internal/pgtx"
+	"github.com/outboxref/orders/internal/outbox/operate/internal/opsdb"
 )
 
 // Errors of the operations (Admin).
@@ -101,7 +102,7 @@ type Admin struct {
 	pool        *pgxpool.Pool
 	writer      *outbox.Writer
 	repairCheck func(outbox.Event) error
-	deleted     *prometheus.CounterVec
+	metrics     cleanupMetrics
 	ownerPrefix string // host:pid, the start of every replay runner's owner token
 
 	runsMu   sync.Mutex
@@ -128,16 +129,17 @@ func WithRepairCheck(check func(outbox.Event) error) AdminOption {
 // NewAdmin returns the operations over the outbox in pool. writer checks a
 // repaired payload against the registered schemas before it is stored.
 func NewAdmin(pool *pgxpool.Pool, writer *outbox.Writer, opts ...AdminOption) *Admin {
-	a := &Admin{pool: pool, writer: writer, deleted: newCleanupCounter(), ownerPrefix: ownerPrefix()}
+	a := &Admin{pool: pool, writer: writer, metrics: newCleanupMetrics(), ownerPrefix: ownerPrefix()}
 	for _, o := range opts {
 		o(a)
 	}
 	return a
 }
 
-// Collector returns the operations' metrics (the cleanup's deleted rows,
-// outbox_cleanup_deleted_total{table}), for the service's registry.
-func (a *Admin) Collector() prometheus.Collector { return a.deleted }
+// Collector returns the operations' metrics, for the service's registry:
+// the cleanup's removed rows (outbox_cleanup_deleted_total{table}) and
+// RunCleanup's runs (outbox_cleanup_runs_total{result}).
+func (a *Admin) Collector() prometheus.Collector { return a.metrics }
 
 // Stat is the count of events of one type in one state, and the oldest.
 type Stat struct {
@@ -150,7 +152,7 @@ type Stat struct {
 // Stats counts events by type and state, with the oldest of each. It reads
 // the whole table: a report for an operator, not a metric.
 func (a *Admin) Stats(ctx context.Context) ([]Stat, error) {
-	rows, err := outboxdb.New(a.pool).AdminStats(ctx)
+	rows, err := opsdb.New(a.pool).AdminStats(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("outbox stats: %w", err)
 	}
@@ -188,7 +190,7 @@ type ParkedFilter struct {
 // Parked lists parked events, oldest first, with the class and text of the
 // failure that parked them.
 func (a *Admin) Parked(ctx context.Context, f ParkedFilter) ([]EventSummary, error) {
-	p := outboxdb.AdminParkedParams{RowLimit: int32(f.Limit)}
+	p := opsdb.AdminParkedParams{RowLimit: int32(f.Limit)}
 	if p.RowLimit <= 0 {
 		p.RowLimit = 100
 	}
@@ -201,7 +203,7 @@ func (a *Admin) Parked(ctx context.Context, f ParkedFilter) ([]EventSummary, err
 	if !f.Since.IsZero() {
 		p.Since = &f.Since
 	}
-	rows, err := outboxdb.New(a.pool).AdminParked(ctx, p)
+	rows, err := opsdb.New(a.pool).AdminParked(ctx, p)
 	if err != nil {
 		return nil, fmt.Errorf("list parked events: %w", err)
 	}
@@ -263,7 +265,7 @@ type ReplayRecord struct {
 // Event returns one event, from the outbox or, once cleaned up, from the
 // archive, with its audit trail and replay history.
 func (a *Admin) Event(ctx context.Context, id uuid.UUID) (EventDetail, error) {
-	q := outboxdb.New(a.pool)
+	q := opsdb.New(a.pool)
 	var d EventDetail
 	row, err := q.AdminEventGet(ctx, id)
 	switch {
@@ -299,7 +301,7 @@ func (a *Admin) Event(ctx context.Context, id uuid.UUID) (EventDetail, error) {
 }
 
 func (a *Admin) audit(ctx context.Context, target string) ([]AuditEntry, error) {
-	rows, err := outboxdb.New(a.pool).AuditForTarget(ctx, target)
+	rows, err := opsdb.New(a.pool).AuditForTarget(ctx, target)
 	if err != nil {
 		return nil, fmt.Errorf("read audit of %s: %w", target, err)
 	}
@@ -333,7 +335,7 @@ func (a *Admin) Repair(ctx context.Context, id uuid.UUID, r Repair, actor Actor)
 		return EventDetail{}, ErrNothingToChange
 	}
 	err := pgtx.Run(ctx, a.pool, func(tx pgx.Tx) error {
-		q := outboxdb.New(tx)
+		q := opsdb.New(tx)
 		before, err := q.AdminEventLock(ctx, id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("event %s: %w", id, ErrNotFound)
@@ -361,7 +363,7 @@ func (a *Admin) Repair(ctx context.Context, id uuid.UUID, r Repair, actor Actor)
 				return fmt.Errorf("%w: %w", ErrRepairRefused, err)
 			}
 		}
-		after, err := q.AdminRepair(ctx, outboxdb.AdminRepairParams{
+		after, err := q.AdminRepair(ctx, opsdb.AdminRepairParams{
 			Payload: next.Payload, SchemaVersion: int32(next.SchemaVersion), EventID: id,
 			Note: fmt.Sprintf("repaired by %s; was %s: %s", actor.Subject, deref(before.LastErrorClass), deref(before.LastError)),
 		})
@@ -399,8 +401,8 @@ func (a *Admin) Resume(ctx context.Context, ids []uuid.UUID, eventType string, a
 	}
 	var resumed []uuid.UUID
 	err := pgtx.Run(ctx, a.pool, func(tx pgx.Tx) error {
-		q := outboxdb.New(tx)
-		before, err := q.AdminParkedForResume(ctx, outboxdb.AdminParkedForResumeParams{EventIDs: ids, EventType: typ})
+		q := opsdb.New(tx)
+		before, err := q.AdminParkedForResume(ctx, opsdb.AdminParkedForResumeParams{EventIDs: ids, EventType: typ})
 		if err != nil {
 			return fmt.Errorf("lock parked events: %w", err)
 		}
@@ -410,11 +412,11 @@ func (a *Admin) Resume(ctx context.Context, ids []uuid.UUID, eventType string, a
 		if len(ids) > 0 && len(before) != len(ids) {
 			return fmt.Errorf("%d of the %d events are parked: %w", len(before), len(ids), ErrNotParked)
 		}
-		after, err := q.AdminResume(ctx, outboxdb.AdminResumeParams{EventIDs: ids, EventType: typ})
+		after, err := q.AdminResume(ctx, opsdb.AdminResumeParams{EventIDs: ids, EventType: typ})
 		if err != nil {
 			return fmt.Errorf("resume events: %w", err)
 		}
-		afterByID := map[uuid.UUID]outboxdb.Outbox{}
+		afterByID := map[uuid.UUID]opsdb.Outbox{}
 		for _, r := range after {
 			afterByID[r.EventID] = r
 		}
@@ -433,11 +435,11 @@ func (a *Admin) Resume(ctx context.Context, ids []uuid.UUID, eventType string, a
 	return resumed, nil
 }
 
-func writeAudit(ctx context.Context, q *outboxdb.Queries, actor Actor, action, target string, before, after []byte, detail []byte) error {
+func writeAudit(ctx context.Context, q *opsdb.Queries, actor Actor, action, target string, before, after []byte, detail []byte) error {
 	if detail == nil {
 		detail = []byte("{}")
 	}
-	if err := q.AuditInsert(ctx, outboxdb.AuditInsertParams{Actor: actor.Subject, Action: action, Target: target,
+	if err := q.AuditInsert(ctx, opsdb.AuditInsertParams{Actor: actor.Subject, Action: action, Target: target,
 		Reason: actor.Reason, BeforeSha256: before, AfterSha256: after, Detail: detail}); err != nil {
 		return fmt.Errorf("audit %s of %s: %w", action, target, err)
 	}
@@ -446,13 +448,13 @@ func writeAudit(ctx context.Context, q *outboxdb.Queries, actor Actor, action, t
 
 // rowHash is the SHA-256 of a row's JSON encoding: enough to prove what an
 // operator changed without copying the payload into the audit.
-func rowHash(row outboxdb.Outbox) []byte {
+func rowHash(row opsdb.Outbox) []byte {
 	b, _ := json.Marshal(row) // a struct of plain fields: cannot fail
 	sum := sha256.Sum256(b)
 	return sum[:]
 }
 
-func detailOf(r outboxdb.Outbox) EventDetail {
+func detailOf(r opsdb.Outbox) EventDetail {
 	return EventDetail{
 		EventSummary: EventSummary{EventID: r.EventID, AggregateType: r.AggregateType, AggregateID: r.AggregateID,
 			AggregateVersion: r.AggregateVersion, EventType: r.EventType, SchemaVersion: int(r.SchemaVersion),

@@ -11,11 +11,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/orders/internal/outbox"
-	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/operate/internal/opsdb"
 )
 
 // PublishMode says which path sends the events of one type while a
@@ -68,7 +67,7 @@ type ModeSetting struct {
 // PublishModes lists the mode of every event type the Admin's Writer knows,
 // and of any other type that has a mode set.
 func (a *Admin) PublishModes(ctx context.Context) ([]ModeSetting, error) {
-	rows, err := outboxdb.New(a.pool).PublishModes(ctx)
+	rows, err := opsdb.New(a.pool).PublishModes(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list publish modes: %w", err)
 	}
@@ -110,7 +109,7 @@ func (a *Admin) SetPublishMode(ctx context.Context, actor Actor, eventType strin
 	}
 	var before PublishMode
 	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		q := outboxdb.New(tx)
+		q := opsdb.New(tx)
 		cur, err := q.PublishModeLock(ctx, eventType)
 		if err != nil {
 			return fmt.Errorf("read publish mode: %w", err)
@@ -119,7 +118,7 @@ func (a *Admin) SetPublishMode(ctx context.Context, actor Actor, eventType strin
 		if mode == ModeOutbox {
 			err = q.PublishModeClear(ctx, eventType)
 		} else {
-			err = q.PublishModeSet(ctx, outboxdb.PublishModeSetParams{EventType: eventType, Mode: string(mode), ChangedBy: actor.Subject})
+			err = q.PublishModeSet(ctx, opsdb.PublishModeSetParams{EventType: eventType, Mode: string(mode), ChangedBy: actor.Subject})
 		}
 		if err != nil {
 			return fmt.Errorf("set publish mode: %w", err)
@@ -137,60 +136,4 @@ func (a *Admin) SetPublishMode(ctx context.Context, actor Actor, eventType strin
 func modeHash(m PublishMode) []byte {
 	sum := sha256.Sum256([]byte(m))
 	return sum[:]
-}
-
-// ShadowCount is how many shadow events of one type compared one way.
-type ShadowCount struct {
-	EventType string `json:"event_type"`
-	// Result is match, mismatch, missing, or pending (not compared yet).
-	Result string `json:"result"`
-	Count  int64  `json:"count"`
-}
-
-// ShadowDiff is one shadow event that did not match.
-type ShadowDiff struct {
-	EventID   uuid.UUID `json:"event_id"`
-	EventType string    `json:"event_type"`
-	SentAt    time.Time `json:"sent_at"`
-	Result    string    `json:"result"`
-	Detail    string    `json:"detail"`
-}
-
-// ShadowReport is what shadow mode found since a time: whether the relay
-// would send exactly what the direct path sends. A type is ready for
-// outbox mode when it has matches and no mismatch or missing event.
-type ShadowReport struct {
-	Since  time.Time     `json:"since"`
-	Counts []ShadowCount `json:"counts"`
-	Diffs  []ShadowDiff  `json:"diffs"`
-}
-
-// ShadowReport reports the shadow comparisons of events sent since since,
-// of one type or all (eventType ""), with up to limit differences (50
-// when zero).
-func (a *Admin) ShadowReport(ctx context.Context, eventType string, since time.Time, limit int) (ShadowReport, error) {
-	if limit <= 0 {
-		limit = 50
-	}
-	var typ *string
-	if eventType != "" {
-		typ = &eventType
-	}
-	q := outboxdb.New(a.pool)
-	counts, err := q.ShadowReportCounts(ctx, outboxdb.ShadowReportCountsParams{Since: since, EventType: typ})
-	if err != nil {
-		return ShadowReport{}, fmt.Errorf("shadow report: %w", err)
-	}
-	diffs, err := q.ShadowReportDiffs(ctx, outboxdb.ShadowReportDiffsParams{Since: since, EventType: typ, RowLimit: int32(limit)})
-	if err != nil {
-		return ShadowReport{}, fmt.Errorf("shadow report: %w", err)
-	}
-	rep := ShadowReport{Since: since, Counts: make([]ShadowCount, len(counts)), Diffs: make([]ShadowDiff, len(diffs))}
-	for i, c := range counts {
-		rep.Counts[i] = ShadowCount{EventType: c.EventType, Result: c.Result, Count: c.N}
-	}
-	for i, d := range diffs {
-		rep.Diffs[i] = ShadowDiff{EventID: d.EventID, EventType: d.EventType, SentAt: d.SentAt, Result: d.Result, Detail: d.Detail}
-	}
-	return rep, nil
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 	"github.com/outboxref/orders/internal/outbox/internal/pgtx"
+	"github.com/outboxref/orders/internal/outbox/operate/internal/opsdb"
 )
 
 // Replay errors.
@@ -191,10 +191,10 @@ func (a *Admin) PlanReplay(ctx context.Context, sel ReplaySelector, policy Repla
 	if maxEvents <= 0 {
 		maxEvents = 10_000
 	}
-	q := outboxdb.New(a.pool)
+	q := opsdb.New(a.pool)
 	var (
-		rows     []outboxdb.ReplayEventsByIDsRow
-		archived []outboxdb.ArchivedByIDsRow
+		rows     []opsdb.ReplayEventsByIDsRow
+		archived []opsdb.ArchivedByIDsRow
 		err      error
 	)
 	if len(sel.IDs) > 0 {
@@ -209,17 +209,17 @@ func (a *Admin) PlanReplay(ctx context.Context, sel ReplaySelector, policy Repla
 		if sel.Type != "" {
 			typ = &sel.Type
 		}
-		var r []outboxdb.ReplayEventsByRangeRow
-		if r, err = q.ReplayEventsByRange(ctx, outboxdb.ReplayEventsByRangeParams{FromTime: sel.From, ToTime: sel.To, EventType: typ, RowLimit: int32(maxEvents + 1)}); err == nil {
-			rows = make([]outboxdb.ReplayEventsByIDsRow, len(r))
+		var r []opsdb.ReplayEventsByRangeRow
+		if r, err = q.ReplayEventsByRange(ctx, opsdb.ReplayEventsByRangeParams{FromTime: sel.From, ToTime: sel.To, EventType: typ, RowLimit: int32(maxEvents + 1)}); err == nil {
+			rows = make([]opsdb.ReplayEventsByIDsRow, len(r))
 			for i := range r {
-				rows[i] = outboxdb.ReplayEventsByIDsRow(r[i])
+				rows[i] = opsdb.ReplayEventsByIDsRow(r[i])
 			}
-			var ar []outboxdb.ArchivedByRangeRow
-			if ar, err = q.ArchivedByRange(ctx, outboxdb.ArchivedByRangeParams{FromTime: sel.From, ToTime: sel.To, EventType: typ, RowLimit: int32(maxEvents + 1)}); err == nil {
-				archived = make([]outboxdb.ArchivedByIDsRow, len(ar))
+			var ar []opsdb.ArchivedByRangeRow
+			if ar, err = q.ArchivedByRange(ctx, opsdb.ArchivedByRangeParams{FromTime: sel.From, ToTime: sel.To, EventType: typ, RowLimit: int32(maxEvents + 1)}); err == nil {
+				archived = make([]opsdb.ArchivedByIDsRow, len(ar))
 				for i := range ar {
-					archived[i] = outboxdb.ArchivedByIDsRow(ar[i])
+					archived[i] = opsdb.ArchivedByIDsRow(ar[i])
 				}
 			}
 		}
@@ -232,7 +232,7 @@ func (a *Admin) PlanReplay(ctx context.Context, sel ReplaySelector, policy Repla
 	}
 
 	plan := ReplayPlan{ID: uuid.New(), CreatedBy: actor.Subject, Reason: actor.Reason, Selector: sel, Status: "planned"}
-	items := outboxdb.ReplayItemsInsertParams{PlanID: plan.ID}
+	items := opsdb.ReplayItemsInsertParams{PlanID: plan.ID}
 	add := func(id uuid.UUID, typ string, created time.Time, state string) {
 		items.EventIDs = append(items.EventIDs, id)
 		items.EventTypes = append(items.EventTypes, typ)
@@ -267,13 +267,13 @@ func (a *Admin) PlanReplay(ctx context.Context, sel ReplaySelector, policy Repla
 	}
 	selector, _ := json.Marshal(sel)
 	err = pgtx.Run(ctx, a.pool, func(tx pgx.Tx) error {
-		tq := outboxdb.New(tx)
+		tq := opsdb.New(tx)
 		why, err := fourEyes(ctx, tq, plan.ID, len(sel.IDs) == 0, publish, policy, actor.Subject)
 		if err != nil {
 			return err
 		}
 		plan.NeedsApproval = why != ""
-		if err := tq.ReplayPlanInsert(ctx, outboxdb.ReplayPlanInsertParams{ID: plan.ID, CreatedBy: actor.Subject, Reason: actor.Reason,
+		if err := tq.ReplayPlanInsert(ctx, opsdb.ReplayPlanInsertParams{ID: plan.ID, CreatedBy: actor.Subject, Reason: actor.Reason,
 			Selector: selector, NeedsApproval: plan.NeedsApproval}); err != nil {
 			return fmt.Errorf("store replay plan: %w", err)
 		}
@@ -293,7 +293,7 @@ func (a *Admin) PlanReplay(ctx context.Context, sel ReplaySelector, policy Repla
 // consumer in policy (the registry may have changed since it was planned).
 // extra adds skipped events that are not stored with the plan.
 func (a *Admin) ReplayPlan(ctx context.Context, id uuid.UUID, policy ReplayPolicy, extra ...SkippedEvent) (ReplayPlan, error) {
-	q := outboxdb.New(a.pool)
+	q := opsdb.New(a.pool)
 	p, err := q.ReplayPlanGet(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ReplayPlan{}, fmt.Errorf("replay plan %s: %w", id, ErrNotFound)
@@ -360,7 +360,7 @@ func (a *Admin) ApproveReplay(ctx context.Context, id uuid.UUID, policy ReplayPo
 		return ReplayPlan{}, err
 	}
 	err := pgtx.Run(ctx, a.pool, func(tx pgx.Tx) error {
-		q := outboxdb.New(tx)
+		q := opsdb.New(tx)
 		row, err := lockPlan(ctx, q, id)
 		if err != nil {
 			return err
@@ -375,7 +375,7 @@ func (a *Admin) ApproveReplay(ctx context.Context, id uuid.UUID, policy ReplayPo
 		if p.CreatedBy == actor.Subject {
 			return ErrSameApprover
 		}
-		if err := q.ReplayPlanApprove(ctx, outboxdb.ReplayPlanApproveParams{ApprovedBy: &actor.Subject, ID: id}); err != nil {
+		if err := q.ReplayPlanApprove(ctx, opsdb.ReplayPlanApproveParams{ApprovedBy: &actor.Subject, ID: id}); err != nil {
 			return fmt.Errorf("approve replay plan %s: %w", id, err)
 		}
 		return writeAudit(ctx, q, actor, "replay_approve", id.String(), nil, nil, nil)
@@ -386,7 +386,7 @@ func (a *Admin) ApproveReplay(ctx context.Context, id uuid.UUID, policy ReplayPo
 	return a.ReplayPlan(ctx, id, policy)
 }
 
-func lockPlan(ctx context.Context, q *outboxdb.Queries, id uuid.UUID) (outboxdb.ReplayPlanLockRow, error) {
+func lockPlan(ctx context.Context, q *opsdb.Queries, id uuid.UUID) (opsdb.ReplayPlanLockRow, error) {
 	row, err := q.ReplayPlanLock(ctx, id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return row, fmt.Errorf("replay plan %s: %w", id, ErrNotFound)
@@ -400,7 +400,7 @@ func lockPlan(ctx context.Context, q *outboxdb.Queries, id uuid.UUID) (outboxdb.
 // approvalExpired reports whether plan p's approval is older than the
 // policy allows at now, the database's clock: a client cannot make an old
 // approval look fresh.
-func approvalExpired(p outboxdb.OutboxReplayPlan, now time.Time, policy ReplayPolicy) bool {
+func approvalExpired(p opsdb.OutboxReplayPlan, now time.Time, policy ReplayPolicy) bool {
 	return p.ApprovedAt != nil && now.Sub(*p.ApprovedAt) > policy.ttl()
 }
 
@@ -417,7 +417,7 @@ func approvalExpired(p outboxdb.OutboxReplayPlan, now time.Time, policy ReplayPo
 // It runs in the transaction that records the decision, after taking a
 // lock per admin (in a fixed order, so two decisions cannot deadlock):
 // two plans made at the same moment are counted against each other.
-func fourEyes(ctx context.Context, q *outboxdb.Queries, planID uuid.UUID, byRange bool, events int, policy ReplayPolicy, admins ...string) (string, error) {
+func fourEyes(ctx context.Context, q *opsdb.Queries, planID uuid.UUID, byRange bool, events int, policy ReplayPolicy, admins ...string) (string, error) {
 	if byRange {
 		return "a time-range plan always needs a second admin's approval", nil
 	}
@@ -431,7 +431,7 @@ func fourEyes(ctx context.Context, q *outboxdb.Queries, planID uuid.UUID, byRang
 	}
 	window := policy.window()
 	for _, admin := range admins {
-		solo, err := q.ReplaySoloEvents(ctx, outboxdb.ReplaySoloEventsParams{PlanID: planID, Admin: admin, WindowSeconds: window.Seconds()})
+		solo, err := q.ReplaySoloEvents(ctx, opsdb.ReplaySoloEventsParams{PlanID: planID, Admin: admin, WindowSeconds: window.Seconds()})
 		if err != nil {
 			return "", fmt.Errorf("count the replays of %s: %w", admin, err)
 		}
@@ -461,7 +461,7 @@ func (a *Admin) startRun(ctx context.Context, id uuid.UUID, policy ReplayPolicy,
 	owner := a.runOwner()
 	var refused error
 	err := pgtx.Run(ctx, a.pool, func(tx pgx.Tx) error {
-		q := outboxdb.New(tx)
+		q := opsdb.New(tx)
 		row, err := lockPlan(ctx, q, id)
 		if err != nil {
 			return err
@@ -509,7 +509,7 @@ func (a *Admin) startRun(ctx context.Context, id uuid.UUID, policy ReplayPolicy,
 		default:
 			return fmt.Errorf("plan is %s: %w", p.Status, ErrPlanState)
 		}
-		if err := q.ReplayPlanStart(ctx, outboxdb.ReplayPlanStartParams{RunBy: actor.Subject, RunOwner: owner,
+		if err := q.ReplayPlanStart(ctx, opsdb.ReplayPlanStartParams{RunBy: actor.Subject, RunOwner: owner,
 			LeaseSeconds: policy.lease().Seconds(), ID: id}); err != nil {
 			return fmt.Errorf("start replay plan %s: %w", id, err)
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
-	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
+	"github.com/outboxref/orders/internal/outbox/operate/internal/opsdb"
 )
 
 // A replay's run outlives the process that starts it only through the
@@ -121,7 +121,7 @@ func (a *Admin) ResumeReplays(ctx context.Context, policy ReplayPolicy, target f
 }
 
 func (a *Admin) resumeOnce(ctx context.Context, policy ReplayPolicy, target func(context.Context) (ReplayTarget, error), log *slog.Logger) error {
-	ids, err := outboxdb.New(a.pool).ReplayPlansToContinue(ctx, 10)
+	ids, err := opsdb.New(a.pool).ReplayPlansToContinue(ctx, 10)
 	if err != nil || len(ids) == 0 {
 		return err
 	}
@@ -249,7 +249,7 @@ func (a *Admin) runPlan(ctx context.Context, id uuid.UUID, owner string, target 
 	if msg != "" {
 		runError = &msg
 	}
-	n, err := outboxdb.New(a.pool).ReplayPlanEnd(context.WithoutCancel(ctx), outboxdb.ReplayPlanEndParams{
+	n, err := opsdb.New(a.pool).ReplayPlanEnd(context.WithoutCancel(ctx), opsdb.ReplayPlanEndParams{
 		Status: status, RunError: runError, ID: id, RunOwner: owner})
 	switch {
 	case err != nil:
@@ -267,7 +267,7 @@ func (a *Admin) runPlan(ctx context.Context, id uuid.UUID, owner string, target 
 // succeeded for two thirds of the lease: by then the lease may pass before
 // the next attempt, and the plan may go to another runner.
 func (a *Admin) heartbeat(ctx context.Context, stop context.CancelCauseFunc, id uuid.UUID, owner string, lease time.Duration) {
-	q := outboxdb.New(a.pool)
+	q := opsdb.New(a.pool)
 	t := time.NewTicker(lease / 3)
 	defer t.Stop()
 	renewed := time.Now()
@@ -278,7 +278,7 @@ func (a *Admin) heartbeat(ctx context.Context, stop context.CancelCauseFunc, id 
 		case <-t.C:
 		}
 		attempt := time.Now()
-		n, err := q.ReplayPlanRenew(ctx, outboxdb.ReplayPlanRenewParams{LeaseSeconds: lease.Seconds(), ID: id, RunOwner: owner})
+		n, err := q.ReplayPlanRenew(ctx, opsdb.ReplayPlanRenewParams{LeaseSeconds: lease.Seconds(), ID: id, RunOwner: owner})
 		switch {
 		case err == nil && n == 0:
 			stop(errLostPlan)
@@ -301,7 +301,7 @@ func (a *Admin) publishReplay(ctx context.Context, id uuid.UUID, owner string, t
 	if rate <= 0 {
 		rate = 100
 	}
-	q := outboxdb.New(a.pool)
+	q := opsdb.New(a.pool)
 	items, err := q.ReplayItems(ctx, id)
 	if err != nil {
 		return fmt.Errorf("read replay plan %s: %w", id, err)
@@ -335,7 +335,7 @@ func (a *Admin) publishReplay(ctx context.Context, id uuid.UUID, owner string, t
 		if err != nil {
 			return fmt.Errorf("publish event %s: %w", r.EventID, err)
 		}
-		n, err := q.ReplayItemPublished(context.WithoutCancel(ctx), outboxdb.ReplayItemPublishedParams{
+		n, err := q.ReplayItemPublished(context.WithoutCancel(ctx), opsdb.ReplayItemPublishedParams{
 			BrokerPartition: &rec.Partition, BrokerOffset: &rec.Offset, PlanID: id, EventID: r.EventID, RunOwner: owner})
 		if err != nil {
 			return fmt.Errorf("record replay of %s: %w", r.EventID, err)

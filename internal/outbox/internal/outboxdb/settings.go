@@ -1,9 +1,9 @@
 package outboxdb
 
 // Written by hand beside the generated code: the session settings the
-// relay's claim and the retention cleanup set before their queries, kept
-// next to the queries they steer. plan_test.go (package outbox) runs each
-// query under EXPLAIN with them.
+// relay's claim sets before its query, kept next to the query it steers.
+// plan_test.go (package outbox) runs the query under EXPLAIN with them;
+// the retention cleanup's counterpart is opsdb.CleanupInIndexOrder.
 
 // ClaimInIndexOrder is set in the claim's transaction, before the claim.
 // outbox_pending_due_idx gives the claim's order, so reading it and
@@ -16,7 +16,3 @@ package outboxdb
 // off with it, because the sort penalty lifts the plan's cost past the JIT
 // threshold and each claim would be compiled first.
 const ClaimInIndexOrder = "SELECT set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"
-
-// CleanupInIndexOrder is ClaimInIndexOrder for the cleanup's session: set
-// once for the connection the cleanup holds until its run ends.
-const CleanupInIndexOrder = "SELECT set_config('enable_sort', 'off', false), set_config('jit', 'off', false)"

@@ -1,8 +1,9 @@
 // Package outboxtest is what the outbox's tests share: a fresh database
 // with the outbox's migrations, a kfake cluster, fixture factories for
-// events, and readers of the table and the topic. The tests of package
-// outbox, relay and operate each use it; nothing else does. It imports
-// nothing from the service around the outbox (L1).
+// events, readers of the table and the topic, and the plan tests' kit
+// (plan.go). The tests of package outbox, relay and operate each use it;
+// nothing else does. It imports nothing from the service around the
+// outbox (L1).
 package outboxtest
 
 import (

@@ -3,7 +3,7 @@
 //   sqlc v1.31.1
 // source: admin.sql
 
-package outboxdb
+package opsdb
 
 import (
 	"context"
@@ -382,77 +382,6 @@ func (q *Queries) AdminStats(ctx context.Context) ([]AdminStatsRow, error) {
 	return items, nil
 }
 
-const archiveDelivered = `-- name: ArchiveDelivered :many
-WITH moved AS (
-    DELETE FROM outbox o
-    WHERE o.event_id IN (
-        SELECT d.event_id FROM outbox d
-        WHERE d.state = 'delivered'
-          -- now(), not clock_timestamp(): a stable cutoff is an index
-          -- condition, so the last batch stops at it instead of reading
-          -- every delivered row still within the retention.
-          AND d.delivered_at < now() - make_interval(secs => $1::float8)
-          AND (d.delivered_at, d.event_id) > ($2::timestamptz, $3::uuid)
-        ORDER BY d.delivered_at, d.event_id
-        LIMIT $4
-    )
-    RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version, o.event_type,
-              o.schema_version, o.created_at, o.delivered_at, o.broker_partition, o.broker_offset
-)
-INSERT INTO outbox_archive (event_id, aggregate_type, aggregate_id, aggregate_version, event_type,
-                            schema_version, created_at, delivered_at, broker_partition, broker_offset)
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, created_at, delivered_at, broker_partition, broker_offset FROM moved
-ON CONFLICT (event_id) DO UPDATE SET delivered_at = EXCLUDED.delivered_at, broker_partition = EXCLUDED.broker_partition,
-    broker_offset = EXCLUDED.broker_offset, archived_at = clock_timestamp()
-RETURNING event_id, delivered_at
-`
-
-type ArchiveDeliveredParams struct {
-	RetentionSeconds float64
-	AfterDeliveredAt time.Time
-	AfterEventID     uuid.UUID
-	BatchSize        int32
-}
-
-type ArchiveDeliveredRow struct {
-	EventID     uuid.UUID
-	DeliveredAt *time.Time
-}
-
-// Moves one batch of delivered rows older than the retention to the
-// archive, oldest first, in one statement: the identity and the broker
-// position stay, the payload goes. Pending and parked rows are never
-// touched, whatever their age. The cursor is the (delivered_at, event_id)
-// of the previous batch's last row: each batch seeks past it in the index
-// instead of wading through the entries the previous batches deleted,
-// which stay in the index until vacuum.
-// An event archived before (a restored database delivered it again) is
-// archived anew, so every moved row comes back for the cursor.
-func (q *Queries) ArchiveDelivered(ctx context.Context, arg ArchiveDeliveredParams) ([]ArchiveDeliveredRow, error) {
-	rows, err := q.db.Query(ctx, archiveDelivered,
-		arg.RetentionSeconds,
-		arg.AfterDeliveredAt,
-		arg.AfterEventID,
-		arg.BatchSize,
-	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []ArchiveDeliveredRow{}
-	for rows.Next() {
-		var i ArchiveDeliveredRow
-		if err := rows.Scan(&i.EventID, &i.DeliveredAt); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const archivedByIDs = `-- name: ArchivedByIDs :many
 SELECT event_id, event_type, created_at FROM outbox_archive WHERE event_id = ANY ($1::uuid[])
 `
@@ -589,30 +518,6 @@ func (q *Queries) AuditInsert(ctx context.Context, arg AuditInsertParams) error 
 		arg.Detail,
 	)
 	return err
-}
-
-const cleanupLock = `-- name: CleanupLock :one
-SELECT pg_try_advisory_lock($1::bigint)
-`
-
-// One cleanup run at a time across all relays and services (O6), held for
-// the whole run on one session.
-func (q *Queries) CleanupLock(ctx context.Context, lockKey int64) (bool, error) {
-	row := q.db.QueryRow(ctx, cleanupLock, lockKey)
-	var pg_try_advisory_lock bool
-	err := row.Scan(&pg_try_advisory_lock)
-	return pg_try_advisory_lock, err
-}
-
-const cleanupUnlock = `-- name: CleanupUnlock :one
-SELECT pg_advisory_unlock($1::bigint)
-`
-
-func (q *Queries) CleanupUnlock(ctx context.Context, lockKey int64) (bool, error) {
-	row := q.db.QueryRow(ctx, cleanupUnlock, lockKey)
-	var pg_advisory_unlock bool
-	err := row.Scan(&pg_advisory_unlock)
-	return pg_advisory_unlock, err
 }
 
 const replayEventsByIDs = `-- name: ReplayEventsByIDs :many

@@ -55,7 +55,7 @@ type AdminHandlerConfig struct {
 //	GET  /shadow-report            ?type=&since= (RFC 3339 or a duration; 24h by default)
 //
 // Every write requires a reason and is audited with the caller. The
-// request and answer bodies are the types of adminapi.go, which
+// request and answer bodies are the types of client.go, which
 // AdminClient sends and reads: one definition for both ends. Errors are
 // problem documents (outbox/problem).
 //
