@@ -51,7 +51,7 @@ $(SQLC):
 # Every sqlc configuration: the services' own, the reusable packages'
 # (each owns its queries, migrations and generated code), and the example
 # service's.
-SQLC_CONFIGS := sqlc.yaml internal/outbox/sqlc.yaml internal/inbox/sqlc.yaml examples/invoices/sqlc.yaml
+SQLC_CONFIGS := sqlc.yaml internal/outbox/sqlc.yaml internal/outbox/operate/sqlc.yaml internal/inbox/sqlc.yaml examples/invoices/sqlc.yaml
 
 .PHONY: sqlc
 sqlc: $(SQLC) ## Regenerate the sqlc code after changing queries or migrations.

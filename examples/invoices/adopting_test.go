@@ -27,6 +27,10 @@ import (
 const (
 	markRun     = "<!-- adopt: run -->"
 	markRunSqlc = "<!-- adopt: run if sqlc is installed -->"
+	// The alternative copy of the write side and the relay alone, run by
+	// TestCopyWriteSideAndRelay in a directory of its own.
+	markSmall     = "<!-- adopt: write side and relay -->"
+	markSmallSqlc = "<!-- adopt: write side and relay, if sqlc is installed -->"
 )
 
 // block is one fenced code block of the guide.
@@ -95,8 +99,8 @@ func TestAdoptingGuide(t *testing.T) {
 		for _, b := range blocks {
 			if b.lang == "sh" {
 				n++
-				require.Contains(t, []string{markRun, markRunSqlc}, b.marker,
-					"the shell block at line %d is not run by TestCopyIntoFreshModule; mark it", b.line)
+				require.Contains(t, []string{markRun, markRunSqlc, markSmall, markSmallSqlc}, b.marker,
+					"the shell block at line %d is not run by TestCopyIntoFreshModule or TestCopyWriteSideAndRelay; mark it", b.line)
 			}
 		}
 		require.GreaterOrEqual(t, n, 4, "the guide's shell blocks")
@@ -183,31 +187,9 @@ func TestCopyIntoFreshModule(t *testing.T) {
 		"GOWORK=off", // a workspace around the temporary directory must not join it
 		"GOFLAGS=",   // the commands run as the guide shows them
 	)
-	sqlc := findSqlc(t)
-	if sqlc != "" {
-		env = append(env, "PATH="+filepath.Dir(sqlc)+string(os.PathListSeparator)+os.Getenv("PATH"))
-	}
-
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	for _, b := range guideBlocks(t) {
-		if b.lang != "sh" {
-			continue
-		}
-		if b.marker == markRunSqlc && sqlc == "" {
-			t.Logf("sqlc at the pinned version is not installed (./scripts/install-sqlc.sh installs it): skipped the block at line %d:\n%s", b.line, b.body)
-			continue
-		}
-		start := time.Now()
-		cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", b.body)
-		cmd.Dir, cmd.Env = dir, env
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("the shell block at line %d of docs/adopting.md failed after %s: %v\n--- block ---\n%s--- output ---\n%s",
-				b.line, time.Since(start).Round(time.Millisecond), err, b.body, out)
-		}
-		t.Logf("block at line %d: %s", b.line, time.Since(start).Round(time.Millisecond))
-	}
+	runGuide(ctx, t, dir, env, markRun, markRunSqlc)
 
 	// The copy is a module of its own and names this one nowhere.
 	gomod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
@@ -227,6 +209,57 @@ func TestCopyIntoFreshModule(t *testing.T) {
 	}
 
 	compileGuideSnippets(ctx, t, root, dir, module, env)
+}
+
+// runGuide runs, in dir and in the guide's order, the shell blocks marked
+// run, and those marked runSqlc where sqlc at the pinned version is
+// installed. A failure prints the block and everything it wrote.
+func runGuide(ctx context.Context, t *testing.T, dir string, env []string, run, runSqlc string) {
+	t.Helper()
+	sqlc := findSqlc(t)
+	if sqlc != "" {
+		env = append(env, "PATH="+filepath.Dir(sqlc)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	}
+	ran := 0
+	for _, b := range guideBlocks(t) {
+		if b.lang != "sh" || (b.marker != run && b.marker != runSqlc) {
+			continue
+		}
+		if b.marker == runSqlc && sqlc == "" {
+			t.Logf("sqlc at the pinned version is not installed (./scripts/install-sqlc.sh installs it): skipped the block at line %d:\n%s", b.line, b.body)
+			continue
+		}
+		start := time.Now()
+		cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", b.body)
+		cmd.Dir, cmd.Env = dir, env
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("the shell block at line %d of docs/adopting.md failed after %s: %v\n--- block ---\n%s--- output ---\n%s",
+				b.line, time.Since(start).Round(time.Millisecond), err, b.body, out)
+		}
+		t.Logf("block at line %d: %s", b.line, time.Since(start).Round(time.Millisecond))
+		ran++
+	}
+	require.Positive(t, ran, "no block of docs/adopting.md is marked %s", run)
+}
+
+// TestCopyWriteSideAndRelay is the smaller copy check: a service that only
+// writes events and runs the relay copies the outbox without its
+// operations, as docs/adopting.md shows, and that copy builds, vets and
+// passes its tests in a fresh module with no other edit, its sqlc
+// configuration still generating the committed code.
+func TestCopyWriteSideAndRelay(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	dir := t.TempDir()
+	env := append(os.Environ(), "OUTBOXREF="+root, "MODULE=example.com/shipping", "GOWORK=off", "GOFLAGS=")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	runGuide(ctx, t, dir, env, markSmall, markSmallSqlc)
+	for _, gone := range []string{"operate", "problem", "adminguard"} {
+		require.NoDirExists(t, filepath.Join(dir, "internal", "outbox", gone))
+	}
+	require.DirExists(t, filepath.Join(dir, "internal", "outbox", "relay"))
 }
 
 // compileGuideSnippets compiles the Go blocks of docs/adopting.md in the
