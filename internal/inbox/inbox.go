@@ -395,19 +395,7 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event) (Result, error
 			// truth is asked at once whether it wrote it (C7). Another event
 			// already waiting at the version makes it a conflict, which the
 			// source settles the same way.
-			held, err := q.InboxHeldGetByVersion(ctx, inboxdb.InboxHeldGetByVersionParams{
-				AggregateType: e.AggregateType, AggregateID: e.AggregateID, AggregateVersion: v,
-			})
-			switch {
-			case err == nil && held.EventID == e.ID:
-				res.Outcome = Duplicate
-				return res, nil
-			case err == nil:
-				return ib.conflict(ctx, tx, q, e, held.EventID, res)
-			case !errors.Is(err, pgx.ErrNoRows):
-				return Result{}, fmt.Errorf("look up held version: %w", err)
-			}
-			return ib.hold(ctx, q, e, res, true)
+			return ib.hold(ctx, tx, q, e, res, true)
 		}
 		fresh, err := insertMarker(ctx, q, e, "covered")
 		if err != nil {
@@ -459,25 +447,26 @@ func (ib *Inbox) Process(ctx context.Context, tx pgx.Tx, e Event) (Result, error
 		return res, nil
 
 	default: // a gap (versions last+1 .. v-1 are missing), or a diverged aggregate
-		held, err := q.InboxHeldGetByVersion(ctx, inboxdb.InboxHeldGetByVersionParams{
-			AggregateType: e.AggregateType, AggregateID: e.AggregateID, AggregateVersion: v,
-		})
-		switch {
-		case err == nil && held.EventID == e.ID:
-			res.Outcome = Duplicate
-			return res, nil
-		case err == nil:
-			return ib.conflict(ctx, tx, q, e, held.EventID, res)
-		case !errors.Is(err, pgx.ErrNoRows):
-			return Result{}, fmt.Errorf("look up held version: %w", err)
-		}
-		return ib.hold(ctx, q, e, res, false)
+		return ib.hold(ctx, tx, q, e, res, false)
 	}
 }
 
 // hold stores e until its turn comes and starts the gap clock, or, with
-// now, makes a resync due at once.
-func (ib *Inbox) hold(ctx context.Context, q *inboxdb.Queries, e Event, res Result, now bool) (Result, error) {
+// now, makes a resync due at once. Another event already waiting at e's
+// version makes e a conflict; the same event again is a duplicate.
+func (ib *Inbox) hold(ctx context.Context, tx pgx.Tx, q *inboxdb.Queries, e Event, res Result, now bool) (Result, error) {
+	held, err := q.InboxHeldGetByVersion(ctx, inboxdb.InboxHeldGetByVersionParams{
+		AggregateType: e.AggregateType, AggregateID: e.AggregateID, AggregateVersion: e.AggregateVersion,
+	})
+	switch {
+	case err == nil && held.EventID == e.ID:
+		res.Outcome = Duplicate
+		return res, nil
+	case err == nil:
+		return ib.conflict(ctx, tx, q, e, held.EventID, res)
+	case !errors.Is(err, pgx.ErrNoRows):
+		return Result{}, fmt.Errorf("look up held version: %w", err)
+	}
 	fresh, err := insertMarker(ctx, q, e, "held")
 	if err != nil {
 		return Result{}, err

@@ -3,6 +3,7 @@ package notify
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -59,29 +60,12 @@ func (c *OrdersClient) Fetch(ctx context.Context, aggregateType, aggregateID str
 	if err != nil {
 		return inbox.Snapshot{}, fmt.Errorf("%w: %q is not an order id", inbox.ErrNotFound, aggregateID)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.baseURL+"/orders/"+url.PathEscape(id.String()), nil)
-	if err != nil {
-		return inbox.Snapshot{}, fmt.Errorf("build orders API request: %w", err)
-	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	req.Header.Set("Accept", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return inbox.Snapshot{}, fmt.Errorf("GET order %s: %w", id, err)
-	}
-	defer resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusNotFound:
-		return inbox.Snapshot{}, fmt.Errorf("%w: orders API answered 404 for order %s", inbox.ErrNotFound, id)
-	default:
-		// The body may echo request details; keep only the status.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return inbox.Snapshot{}, fmt.Errorf("GET order %s: orders API answered %s", id, resp.Status)
-	}
 	var o OrderSnapshot
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&o); err != nil {
-		return inbox.Snapshot{}, fmt.Errorf("decode order %s: %w", id, err)
+	switch err := c.get(ctx, "/orders/"+url.PathEscape(id.String()), &o); {
+	case errors.Is(err, errStatusNotFound):
+		return inbox.Snapshot{}, fmt.Errorf("%w: orders API answered 404 for order %s", inbox.ErrNotFound, id)
+	case err != nil:
+		return inbox.Snapshot{}, fmt.Errorf("GET order %s: %w", id, err)
 	}
 	switch {
 	case o.ID != id:
@@ -133,6 +117,9 @@ func (c *OrdersClient) events(ctx context.Context, id uuid.UUID) (map[int64]uuid
 	return out, nil
 }
 
+// errStatusNotFound is get's error for a 404.
+var errStatusNotFound = errors.New("orders API answered 404")
+
 // get reads a JSON document of the orders API into v. Any status but 200
 // is an error; the body of an error is not kept, since it may echo the
 // request.
@@ -150,6 +137,9 @@ func (c *OrdersClient) get(ctx context.Context, path string, v any) error {
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		if resp.StatusCode == http.StatusNotFound {
+			return errStatusNotFound
+		}
 		return fmt.Errorf("orders API answered %s", resp.Status)
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(v); err != nil {
