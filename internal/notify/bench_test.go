@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/emersion/go-smtp"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -315,6 +316,46 @@ func benchmarkSend(b *testing.B, workers int) {
 	}
 	b.StopTimer()
 	require.Equal(b, b.N*n, len(srv.Accepted()), "every email sent once")
+	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "emails/s")
+}
+
+// BenchmarkSendSMTPOnly is the reference BenchmarkSend/workers=1 is read
+// against: the same messages to the same in-process SMTP server, sent by a
+// bare loop on one kept connection (MAIL, RCPT, DATA per message), without
+// the ledger. BenchmarkSend's emails/s divided by this one's says what the
+// ledger's claim and result cost next to the SMTP transaction itself.
+//
+//	go test -run '^$' -bench 'BenchmarkSend(SMTPOnly)?$' -benchtime=3x ./internal/notify/
+func BenchmarkSendSMTPOnly(b *testing.B) {
+	const n = 1000
+	srv := smtptest.Start(b)
+	c, err := smtp.Dial(srv.Addr)
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = c.Close() })
+	require.NoError(b, c.Hello("notifier.test"))
+	msgs := make([][]byte, n)
+	for i := range msgs {
+		id := uuid.New()
+		msgs[i] = buildMessage("orders@shop.test", notifydb.EmailSend{
+			OperationKey: id.String(), EventID: id, MessageID: "<" + id.String() + ">", OrderID: uuid.New(),
+			EventType: "order.placed", Recipient: "alice@example.com", Subject: "Order received",
+			Body: "Hello,\nthank you for your order.",
+		})
+	}
+	b.ResetTimer()
+	for range b.N {
+		for _, msg := range msgs {
+			require.NoError(b, c.Mail("orders@shop.test", nil))
+			require.NoError(b, c.Rcpt("alice@example.com", nil))
+			w, err := c.Data()
+			require.NoError(b, err)
+			_, err = w.Write(msg)
+			require.NoError(b, err)
+			require.NoError(b, w.Close())
+		}
+	}
+	b.StopTimer()
+	require.Equal(b, b.N*n, len(srv.Accepted()), "every email accepted once")
 	b.ReportMetric(float64(b.N*n)/b.Elapsed().Seconds(), "emails/s")
 }
 

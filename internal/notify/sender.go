@@ -204,8 +204,18 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	defer stop()
 	for worker := range s.cfg.Workers {
 		wg.Go(func() {
+			// done is the last send's result, not yet in its ledger row: it
+			// is written in the transaction that claims the next row, so a
+			// backlog costs one commit per email instead of two.
+			var done *outcome
+			defer func() {
+				if done != nil {
+					s.record(context.WithoutCancel(ctx), *done)
+				}
+			}()
 			for wctx.Err() == nil {
-				sent, err := s.sendNext(wctx, worker)
+				sent, next, err := s.sendNext(wctx, worker, done)
+				done = next
 				mu.Lock()
 				if sent {
 					n++
@@ -225,9 +235,12 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	return n, firstErr
 }
 
-// sendNext claims one due row and sends it. It reports false when nothing
-// was due.
-func (s *Sender) sendNext(ctx context.Context, worker int) (bool, error) {
+// sendNext writes done, the previous send's result (nil if none), claims
+// one due row in the same transaction, and sends it. It reports false when
+// nothing was due, and returns the new send's result for the caller to
+// pass to the next call: the result is written by then whatever happens,
+// in the claim's transaction or on its own.
+func (s *Sender) sendNext(ctx context.Context, worker int, done *outcome) (bool, *outcome, error) {
 	token := uuid.New()
 	// The claim does not follow ctx: cancelled mid-statement, pgx would
 	// drop the connection without knowing whether the server committed, and
@@ -236,20 +249,20 @@ func (s *Sender) sendNext(ctx context.Context, worker int) (bool, error) {
 	// stopping sender gives the row back instead of starting the send.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	row, err := notifydb.New(indexOrder{s.pool}).EmailSendClaimOne(cctx, notifydb.EmailSendClaimOneParams{
+	row, found, err := s.claim(cctx, notifydb.EmailSendClaimOneParams{
 		ClaimToken: token, ClaimedBy: s.cfg.Owner, ResendUnknown: s.cfg.Policy == PolicyResend,
 		MaxAttempts: int32(s.cfg.MaxAttempts), Workers: int32(s.cfg.Workers), Worker: int32(worker),
-	})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
+	}, done)
 	if err != nil {
-		return false, fmt.Errorf("claim email: %w", err)
+		return false, nil, fmt.Errorf("claim email: %w", err)
+	}
+	if !found {
+		return false, nil, nil
 	}
 	bg := context.WithoutCancel(ctx)
 	if ctx.Err() != nil {
 		s.release(bg, token, row)
-		return false, nil
+		return false, nil, nil
 	}
 	if row.Attempts == 1 && row.EventTime != nil && time.Since(*row.EventTime) > s.cfg.MaxAge {
 		// First chance to send, and already too old: the same rule as
@@ -257,20 +270,69 @@ func (s *Sender) sendNext(ctx context.Context, worker int) (bool, error) {
 		if _, err := notifydb.New(s.pool).EmailSendMarkSkipped(bg, notifydb.EmailSendMarkSkippedParams{
 			SkipReason: SkipStale, OperationKey: row.OperationKey, ClaimToken: token,
 		}); err != nil {
-			return false, fmt.Errorf("skip stale email: %w", err)
+			return false, nil, fmt.Errorf("skip stale email: %w", err)
 		}
 		s.metrics.Emails.WithLabelValues(ResultSkipped).Inc()
 		s.log.WarnContext(ctx, "email skipped: its event was older than EMAIL_MAX_AGE before it could be sent",
 			slog.String("event_id", row.EventID.String()), slog.String("event_type", row.EventType), slog.Duration("max_age", s.cfg.MaxAge))
-		return true, nil
+		return true, nil, nil
 	}
 	// Results are recorded even while stopping: a sent email must end up
 	// 'sent', never left for the sweep to call unknown.
-	s.send(bg, token, row)
-	return true, nil
+	result := s.send(bg, token, row)
+	return true, &result, nil
 }
 
-func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSend) {
+// claim claims the next due row of the worker's share, and writes done in
+// the same transaction when it is not nil.
+//
+// Folding the previous result into the claim is safe in every crash
+// window: the transaction commits both or neither. If it never commits,
+// the previous row stays 'sending' and the new one 'pending'; the previous
+// result is then written on its own (record, with its retries), and if the
+// process dies before that, the stuck-send sweep makes the previous row
+// unknown, which is all that is then known about it. Either way at most
+// one row per worker is 'sending' without a sender, as with a claim of its
+// own. The commit waits for the WAL flush (synchronous_commit as
+// configured): the claim must be durable before the send begins, or a
+// database crash could hand the same row out again with nothing to say
+// that it was already sent (docs/architecture.md, "The send ledger's
+// commits").
+func (s *Sender) claim(ctx context.Context, p notifydb.EmailSendClaimOneParams, done *outcome) (notifydb.EmailSend, bool, error) {
+	if done == nil {
+		row, err := notifydb.New(indexOrder{s.pool}).EmailSendClaimOne(ctx, p)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return row, false, nil
+		}
+		return row, err == nil, err
+	}
+	var row notifydb.EmailSend
+	found := false
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		if err := s.write(ctx, tx, *done); err != nil {
+			return err
+		}
+		var err error
+		row, err = notifydb.New(indexOrder{tx}).EmailSendClaimOne(ctx, p)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil // the result still commits
+		}
+		found = err == nil
+		return err
+	})
+	if err == nil {
+		return row, found, nil
+	}
+	// Neither committed (or the commit's answer was lost, which record's
+	// read-back sorts out): the result goes on its own, with retries, before
+	// anything else is claimed.
+	s.record(ctx, *done)
+	return s.claim(ctx, p, nil)
+}
+
+// send sends one claimed row and returns its result, for the caller to
+// write into the ledger.
+func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSend) outcome {
 	// The span continues the trace of the event that asked for the email;
 	// every log line below carries its ids.
 	ctx, span := s.startSend(ctx, row)
@@ -284,20 +346,19 @@ func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSe
 	}
 	reply, err := s.mailer.Send(ctx, s.cfg.From, row.Recipient, buildMessage(s.cfg.From, row))
 
-	q := notifydb.New(s.pool)
 	exhausted := int(row.Attempts) >= s.cfg.MaxAttempts
 	var result, want string
-	var update func(context.Context) (int64, error)
+	var update func(context.Context, *notifydb.Queries) (int64, error)
 	switch {
 	case err == nil:
 		result, want = ResultSent, StateSent
-		update = func(ctx context.Context) (int64, error) {
+		update = func(ctx context.Context, q *notifydb.Queries) (int64, error) {
 			return q.EmailSendMarkSent(ctx, notifydb.EmailSendMarkSentParams{SMTPReply: reply, OperationKey: row.OperationKey, ClaimToken: token})
 		}
 		log.InfoContext(ctx, "email sent", slog.String("message_id", row.MessageID))
 	case errors.Is(err, ErrUnknownOutcome) && !(s.cfg.Policy == PolicyResend && exhausted):
 		result, want = ResultUnknown, StateUnknown
-		update = func(ctx context.Context) (int64, error) {
+		update = func(ctx context.Context, q *notifydb.Queries) (int64, error) {
 			return q.EmailSendMarkUnknown(ctx, notifydb.EmailSendMarkUnknownParams{
 				BackoffSeconds: s.backoff(row.Attempts).Seconds(), ErrorClass: "unknown", LastError: err.Error(),
 				OperationKey: row.OperationKey, ClaimToken: token,
@@ -313,7 +374,7 @@ func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSe
 	case errors.Is(err, ErrTransient) && !exhausted:
 		result, want = ResultTransient, StatePending
 		delay := s.backoff(row.Attempts)
-		update = func(ctx context.Context) (int64, error) {
+		update = func(ctx context.Context, q *notifydb.Queries) (int64, error) {
 			return q.EmailSendMarkRetry(ctx, notifydb.EmailSendMarkRetryParams{
 				BackoffSeconds: delay.Seconds(), ErrorClass: "transient", LastError: err.Error(),
 				OperationKey: row.OperationKey, ClaimToken: token,
@@ -332,7 +393,7 @@ func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSe
 		case !errors.Is(err, ErrPermanent):
 			class = "attempts_exhausted"
 		}
-		update = func(ctx context.Context) (int64, error) {
+		update = func(ctx context.Context, q *notifydb.Queries) (int64, error) {
 			return q.EmailSendMarkFailed(ctx, notifydb.EmailSendMarkFailedParams{
 				ErrorClass: class, LastError: err.Error(), OperationKey: row.OperationKey, ClaimToken: token,
 			})
@@ -344,41 +405,61 @@ func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSe
 	if err != nil {
 		failSpan(span, err)
 	}
-	s.record(ctx, log, row.OperationKey, result, want, update)
+	return outcome{ctx: ctx, log: log, key: row.OperationKey, result: result, want: want, update: update}
 }
 
-// record writes a send's result, retrying with capped backoff while the
-// database is unreachable: an email that was sent must end up 'sent', or
-// an operator reading 'unknown' could choose to resend it. The update is
-// fenced by the claim token; if it matches nothing, the row is read back,
-// since an earlier attempt may have committed without its answer arriving.
-// Retrying stops at half the sending timeout, when the sweep is about to
-// judge the row anyway; a late 'sent' still overrides the sweep's unknown.
-func (s *Sender) record(ctx context.Context, log *slog.Logger, key, result, want string, update func(context.Context) (int64, error)) {
+// outcome is a send's result on its way into the ledger row: an update
+// fenced by the claim token, run by claim in the next claim's transaction
+// or by record on its own.
+type outcome struct {
+	ctx          context.Context // the send's span, for the log lines
+	log          *slog.Logger    // carries the email's ids
+	key          string          // the row's operation key
+	result, want string          // the metric's result and the state the update sets
+	update       func(context.Context, *notifydb.Queries) (int64, error)
+}
+
+// write runs o's update on db. An update that matches nothing is read
+// back, since an earlier attempt may have committed without its answer
+// arriving, and a claim lost meanwhile is logged.
+func (s *Sender) write(ctx context.Context, db notifydb.DBTX, o outcome) error {
+	q := notifydb.New(db)
+	n, err := o.update(ctx, q)
+	if err != nil || n > 0 {
+		return err
+	}
+	row, err := q.EmailSendGet(ctx, o.key)
+	if err == nil && row.State != o.want {
+		o.log.WarnContext(o.ctx, "email sender: claim lost before the result was recorded",
+			slog.String("result", o.result), slog.String("state", row.State))
+	}
+	return err
+}
+
+// record writes a send's result on its own, retrying with capped backoff
+// while the database is unreachable: an email that was sent must end up
+// 'sent', or an operator reading 'unknown' could choose to resend it. The
+// update is fenced by the claim token (see write). Retrying stops at half
+// the sending timeout, when the sweep is about to judge the row anyway; a
+// late 'sent' still overrides the sweep's unknown.
+func (s *Sender) record(ctx context.Context, o outcome) {
+	log := o.log
 	deadline := time.Now().Add(s.cfg.SendingTimeout / 2)
 	delay := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		dbctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		n, err := update(dbctx)
-		if err == nil && n == 0 {
-			var row notifydb.EmailSend
-			row, err = notifydb.New(s.pool).EmailSendGet(dbctx, key)
-			if err == nil && row.State != want {
-				log.WarnContext(ctx, "email sender: claim lost before the result was recorded",
-					slog.String("result", result), slog.String("state", row.State))
-			}
-		}
+		err := s.write(dbctx, s.pool, o)
 		cancel()
 		switch {
 		case err == nil:
 			if attempt > 1 {
-				log.InfoContext(ctx, "email sender: result recorded after retries", slog.String("result", result), slog.Int("attempts", attempt))
+				log.InfoContext(o.ctx, "email sender: result recorded after retries", slog.String("result", o.result), slog.Int("attempts", attempt))
 			}
 			return
 		case !inbox.IsTransient(err) || time.Now().Add(delay).After(deadline):
 			// The row stays 'sending'; the stuck sweep turns it into
 			// unknown, which is exactly what is known about it now.
-			log.ErrorContext(ctx, "email sender: could not record the send result", slog.String("result", result),
+			log.ErrorContext(o.ctx, "email sender: could not record the send result", slog.String("result", o.result),
 				slog.String("error", err.Error()), slog.Int("attempts", attempt))
 			return
 		}
