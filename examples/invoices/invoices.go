@@ -199,7 +199,10 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 
-	writer, err := outbox.NewWriter(EventTypes())
+	// Each insert checks the payload against its schema too: this example
+	// has no test that runs every payload Issue builds through
+	// Writer.Validate, which is what lets a service leave the check out.
+	writer, err := outbox.NewWriter(EventTypes(), outbox.WithSchemaCheckOnInsert())
 	if err != nil {
 		return nil, fmt.Errorf("invoices: %w", err)
 	}

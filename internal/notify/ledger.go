@@ -72,7 +72,7 @@ func CleanupLedger(ctx context.Context, pool *pgxpool.Pool, ttl time.Duration, b
 		}
 	}()
 	for {
-		n, err := notifydb.New(indexOrder{conn}).EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize)})
+		n, err := notifydb.New(indexOrder{db: conn}).EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize)})
 		if err != nil {
 			return total, fmt.Errorf("clean up finished emails: %w", err)
 		}

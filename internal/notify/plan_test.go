@@ -65,7 +65,7 @@ func TestLedgerQueriesKeepTheirOrderOnABacklog(t *testing.T) {
 		return pgtest.Capture(t, db.URL, func(ctx context.Context, tx pgx.Tx) { fn(ctx, notifydb.New(tx)) })
 	}
 	captureIndexOrder := func(fn func(ctx context.Context, q *notifydb.Queries)) []pgtest.Query {
-		return pgtest.Capture(t, db.URL, func(ctx context.Context, tx pgx.Tx) { fn(ctx, notifydb.New(indexOrder{tx})) })
+		return pgtest.Capture(t, db.URL, func(ctx context.Context, tx pgx.Tx) { fn(ctx, notifydb.New(indexOrder{db: tx})) })
 	}
 	claim := func(resend bool, workers, worker int32) []pgtest.Query {
 		return captureIndexOrder(func(ctx context.Context, q *notifydb.Queries) {

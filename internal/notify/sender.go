@@ -283,8 +283,9 @@ func (s *Sender) sendNext(ctx context.Context, worker int, done *outcome) (bool,
 	return true, &result, nil
 }
 
-// claim claims the next due row of the worker's share, and writes done in
-// the same transaction when it is not nil.
+// claim claims the next due row of the worker's share and, when done is
+// not nil, writes that result in the same implicit transaction and round
+// trip: the result's update, then the claim, in one pipeline.
 //
 // Folding the previous result into the claim is safe in every crash
 // window: the transaction commits both or neither. If it never commits,
@@ -299,39 +300,34 @@ func (s *Sender) sendNext(ctx context.Context, worker int, done *outcome) (bool,
 // that it was already sent (docs/architecture.md, "The send ledger's
 // commits").
 func (s *Sender) claim(ctx context.Context, p notifydb.EmailSendClaimOneParams, done *outcome) (notifydb.EmailSend, bool, error) {
-	if done == nil {
-		row, err := notifydb.New(indexOrder{s.pool}).EmailSendClaimOne(ctx, p)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return row, false, nil
+	db := indexOrder{db: s.pool}
+	if done != nil {
+		db.first = &deferred{}
+		if _, err := done.update(ctx, notifydb.New(db.first)); err != nil {
+			return notifydb.EmailSend{}, false, err // only a deferred statement's own refusal
 		}
-		return row, err == nil, err
 	}
-	var row notifydb.EmailSend
-	found := false
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
-		if err := s.write(ctx, tx, *done); err != nil {
-			return err
-		}
-		var err error
-		row, err = notifydb.New(indexOrder{tx}).EmailSendClaimOne(ctx, p)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil // the result still commits
-		}
-		found = err == nil
-		return err
-	})
-	if err == nil {
-		return row, found, nil
+	row, err := notifydb.New(db).EmailSendClaimOne(ctx, p)
+	found := err == nil
+	if errors.Is(err, pgx.ErrNoRows) {
+		err = nil // nothing due; the result, if any, still committed
 	}
-	// Neither committed (or the commit's answer was lost, which record's
-	// read-back sorts out): the result goes on its own, with retries, before
-	// anything else is claimed.
-	s.record(ctx, *done)
-	return s.claim(ctx, p, nil)
+	if err != nil && done != nil {
+		// Neither committed (or the commit's answer was lost, which
+		// record's read-back sorts out): the result goes on its own, with
+		// retries, before anything else is claimed.
+		s.record(ctx, *done)
+		return s.claim(ctx, p, nil)
+	}
+	if err != nil {
+		return row, false, err
+	}
+	if done != nil && db.first.tag.RowsAffected() == 0 {
+		s.lostClaim(ctx, s.pool, *done)
+	}
+	return row, found, nil
 }
 
-// send sends one claimed row and returns its result, for the caller to
-// write into the ledger.
 func (s *Sender) send(ctx context.Context, token uuid.UUID, row notifydb.EmailSend) outcome {
 	// The span continues the trace of the event that asked for the email;
 	// every log line below carries its ids.
@@ -420,15 +416,22 @@ type outcome struct {
 }
 
 // write runs o's update on db. An update that matches nothing is read
-// back, since an earlier attempt may have committed without its answer
-// arriving, and a claim lost meanwhile is logged.
+// back (lostClaim), since an earlier attempt may have committed without
+// its answer arriving.
 func (s *Sender) write(ctx context.Context, db notifydb.DBTX, o outcome) error {
-	q := notifydb.New(db)
-	n, err := o.update(ctx, q)
+	n, err := o.update(ctx, notifydb.New(db))
 	if err != nil || n > 0 {
 		return err
 	}
-	row, err := q.EmailSendGet(ctx, o.key)
+	return s.lostClaim(ctx, db, o)
+}
+
+// lostClaim reads back the row of a result whose update matched nothing,
+// and logs if it is not in the state the update sets: its claim was lost
+// (the sweep judged it, or an operator resolved it) before the result
+// arrived.
+func (s *Sender) lostClaim(ctx context.Context, db notifydb.DBTX, o outcome) error {
+	row, err := notifydb.New(db).EmailSendGet(ctx, o.key)
 	if err == nil && row.State != o.want {
 		o.log.WarnContext(o.ctx, "email sender: claim lost before the result was recorded",
 			slog.String("result", o.result), slog.String("state", row.State))
@@ -543,6 +546,32 @@ type indexOrder struct {
 	db interface {
 		SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	}
+	// first, if set, is sent ahead of the set_config in the same round trip
+	// and implicit transaction: the sender's previous result, written with
+	// its next claim. Its command tag is stored in it.
+	first *deferred
+}
+
+// deferred is a DBTX that runs nothing: it keeps the one statement a
+// generated query hands it (an :execrows update), for indexOrder to send
+// ahead of its own.
+type deferred struct {
+	sql  string
+	args []any
+	tag  pgconn.CommandTag // set by indexOrder once the statement ran
+}
+
+func (d *deferred) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	d.sql, d.args = sql, args
+	return pgconn.CommandTag{}, nil
+}
+
+func (d *deferred) Query(context.Context, string, ...any) (pgx.Rows, error) {
+	return nil, errors.New("deferred: only a statement without rows can be sent ahead")
+}
+
+func (d *deferred) QueryRow(context.Context, string, ...any) pgx.Row {
+	return errRow{errors.New("deferred: only a statement without rows can be sent ahead")}
 }
 
 // preferIndexOrder is sent before each statement indexOrder runs. The
@@ -554,9 +583,20 @@ const preferIndexOrder = "SELECT set_config('enable_sort', 'off', true), set_con
 
 func (d indexOrder) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
+	if d.first != nil {
+		b.Queue(d.first.sql, d.first.args...)
+	}
 	b.Queue(preferIndexOrder)
 	b.Queue(sql, args...)
 	br := d.db.SendBatch(ctx, b)
+	if d.first != nil {
+		tag, err := br.Exec()
+		if err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+		d.first.tag = tag
+	}
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		return nil, err

@@ -125,10 +125,18 @@ func TestCommandEvents(t *testing.T) {
 
 // TestOutboxRefusals: the outbox's size refusal reaches the caller as
 // ErrEventTooLarge (a 4xx, W6); any other refusal is a defect in the order
-// events and is not mistaken for it. Either way nothing is written.
+// events and is not mistaken for it. Either way nothing is written. The
+// schema refusal needs a Writer that checks schemas on insert: the
+// service's own trusts the payloads it builds, whose shape
+// TestCommandEvents pins.
 func TestOutboxRefusals(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
+	types, err := EventTypes()
+	require.NoError(t, err)
+	checking, err := outbox.NewWriter(types, outbox.WithSchemaCheckOnInsert())
+	require.NoError(t, err)
+	f.svc.writer = checking
 	ctx := context.Background()
 	for name, tc := range map[string]struct {
 		order    Order

@@ -32,7 +32,11 @@ func ExampleWriter_Insert() {
 	defer done()
 	ctx := context.Background()
 
-	w, err := outbox.NewWriter([]outbox.EventType{invoiceIssued})
+	// This service writes its payloads as JSON text, so Insert checks
+	// them against their schemas too. A service that builds them from
+	// typed values and validates each kind in its tests leaves the option
+	// out (see WithSchemaCheckOnInsert).
+	w, err := outbox.NewWriter([]outbox.EventType{invoiceIssued}, outbox.WithSchemaCheckOnInsert())
 	if err != nil {
 		log.Fatal(err)
 	}

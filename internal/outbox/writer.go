@@ -90,6 +90,27 @@ type Writer struct {
 	types  *eventtypes.Set
 	given  []EventType     // as given to NewWriter, for EventTypes
 	direct DirectPublisher // the legacy path, for types in direct or shadow mode (O7)
+	// schemaOnInsert makes Insert and Queue check payloads against their
+	// JSON Schemas too (WithSchemaCheckOnInsert).
+	schemaOnInsert bool
+}
+
+// WithSchemaCheckOnInsert makes Insert and Queue check every payload
+// against its JSON Schema, as Validate always does. Without it they check
+// everything else Validate checks (the type and schema version are
+// registered, the size, that the payload is JSON PostgreSQL can store) but
+// trust the payload's shape to the code that built it.
+//
+// A service that builds its payloads from typed values pins their shape in
+// its own tests, which run every payload it can build through Validate (the
+// orders service's TestCommandEvents); checking the same shape again on
+// every insert costs about a tenth of a create's CPU and catches nothing
+// those tests do not (docs/benchmarks.md). A service whose payloads come
+// from input it passes through, or that has no such test, should turn the
+// check on here. The consumer checks every record against the schema
+// whatever the producer did, since it cannot trust the topic.
+func WithSchemaCheckOnInsert() WriterOption {
+	return func(w *Writer) { w.schemaOnInsert = true }
 }
 
 // NewWriter compiles the JSON Schemas of types once. It refuses what
@@ -125,7 +146,8 @@ func (w *Writer) EventTypes() []EventType { return slices.Clone(w.given) }
 // tracestate too long for the record header is dropped; the trace context
 // never fails a write.
 //
-// Insert first runs Validate and, if any event is refused, returns its
+// Insert first runs Validate's checks, the JSON Schema one only with
+// WithSchemaCheckOnInsert, and, if any event is refused, returns its
 // *InvalidEventError without sending anything to the database: nothing is
 // written and tx stays usable. The caller decides what follows; a command
 // handler normally returns the error and rolls back, so the business
@@ -188,7 +210,7 @@ func (w *Writer) Queue(ctx context.Context, b *pgx.Batch, events []Event) (func(
 // them out as the insert's arrays.
 func (w *Writer) params(ctx context.Context, events []Event) (outboxdb.OutboxInsertParams, error) {
 	p := outboxdb.OutboxInsertParams{}
-	if err := w.Validate(events); err != nil {
+	if err := w.validate(events, w.schemaOnInsert); err != nil {
 		return p, err
 	}
 	traceparent, tracestate := w3c.FromContext(ctx)
@@ -242,13 +264,21 @@ func (w *Writer) inserted(ctx context.Context, tx pgx.Tx, events []Event, rows [
 // W3C traceparent, with an empty tracestate or one the record header
 // carries (cloudevents.ValidTracestate). Within one call, event IDs are distinct and the events
 // of one aggregate take consecutive versions in slice order (W4).
+//
+// Validate always checks payloads against their JSON Schemas; Insert and
+// Queue do only with WithSchemaCheckOnInsert.
 func (w *Writer) Validate(events []Event) error {
+	return w.validate(events, true)
+}
+
+// validate runs Validate's checks, the JSON Schema one only if schema.
+func (w *Writer) validate(events []Event, schema bool) error {
 	type aggregate struct{ typ, id string }
 	last := make(map[aggregate]int64, len(events))
 	ids := make(map[uuid.UUID]bool, len(events))
 	for i := range events {
 		e := &events[i]
-		if err := w.check(i, e); err != nil {
+		if err := w.check(i, e, schema); err != nil {
 			return err
 		}
 		if e.ID != uuid.Nil {
@@ -270,8 +300,9 @@ func (w *Writer) Validate(events []Event) error {
 	return nil
 }
 
-// check validates one event on its own.
-func (w *Writer) check(i int, e *Event) error {
+// check validates one event on its own, against its JSON Schema too if
+// schema.
+func (w *Writer) check(i int, e *Event, schema bool) error {
 	if err := checkText(i, e, "AggregateType", e.AggregateType, cloudevents.MaxAggregateBytes); err != nil {
 		return err
 	}
@@ -291,7 +322,7 @@ func (w *Writer) check(i int, e *Event) error {
 	if e.SchemaVersion < 1 {
 		return refuse(i, e, "SchemaVersion", fmt.Sprintf("is %d; schema versions start at 1", e.SchemaVersion), nil)
 	}
-	schema, ok := t.Schema(e.SchemaVersion)
+	compiled, ok := t.Schema(e.SchemaVersion)
 	if !ok {
 		return refuse(i, e, "SchemaVersion", fmt.Sprintf("%d is not registered for this event type", e.SchemaVersion), ErrUnknownSchemaVersion)
 	}
@@ -305,7 +336,10 @@ func (w *Writer) check(i int, e *Event) error {
 	case !cloudevents.ValidTracestate(e.Tracestate):
 		return refuse(i, e, "Tracestate", fmt.Sprintf("is not printable UTF-8 of at most %d bytes", cloudevents.MaxTracestateBytes), nil)
 	}
-	return checkPayload(i, e, schema)
+	if !schema {
+		compiled = nil
+	}
+	return checkPayload(i, e, compiled)
 }
 
 // checkText refuses a text field that is empty, or that PostgreSQL text or
@@ -322,8 +356,8 @@ func checkText(i int, e *Event, field, value string, max int) error {
 }
 
 // checkPayload refuses a payload that is too large, is not JSON, cannot be
-// stored as jsonb, or fails its JSON Schema. The size comes first, so that
-// an oversized payload is never parsed.
+// stored as jsonb, or fails its JSON Schema (when schema is not nil). The
+// size comes first, so that an oversized payload is never parsed.
 func checkPayload(i int, e *Event, schema *jsonschema.Schema) error {
 	switch {
 	case len(e.Payload) > MaxPayloadBytes:
@@ -336,6 +370,9 @@ func checkPayload(i int, e *Event, schema *jsonschema.Schema) error {
 	}
 	if reason := jsonbUnsafe(e.Payload); reason != "" {
 		return refuse(i, e, "Payload", reason, nil)
+	}
+	if schema == nil {
+		return nil
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(e.Payload))
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxref/orders/internal/outbox"
 	"github.com/outboxref/orders/internal/outbox/internal/eventtypes"
+	"github.com/outboxref/orders/internal/outbox/internal/outboxtest"
 )
 
 // TestWriterRefuses (L2): each kind of event the relay could not deliver,
@@ -22,6 +23,9 @@ import (
 func TestWriterRefuses(t *testing.T) {
 	t.Parallel()
 	db := newTestDB(t)
+	// The Writer checks payloads against their schemas on insert too.
+	checking, err := outbox.NewWriter(outboxtest.Types(), outbox.WithSchemaCheckOnInsert())
+	require.NoError(t, err)
 	set := func(mod func(*outbox.Event)) func(string) []outbox.Event {
 		return func(agg string) []outbox.Event { return []outbox.Event{event(agg, 1, mod)} }
 	}
@@ -82,7 +86,7 @@ func TestWriterRefuses(t *testing.T) {
 
 			agg := "agg-" + tc.name
 			events := tc.events(agg)
-			err = testWriter.Insert(ctx, tx, events)
+			err = checking.Insert(ctx, tx, events)
 
 			require.ErrorIs(t, err, outbox.ErrInvalidEvent)
 			var ie *outbox.InvalidEventError
@@ -108,8 +112,68 @@ func TestWriterRefuses(t *testing.T) {
 			// The refusal sent nothing to PostgreSQL, so the transaction is
 			// not aborted: the caller may go on, or roll back.
 			valid := []outbox.Event{event(agg+"-valid", 1)}
-			require.NoError(t, testWriter.Insert(ctx, tx, valid))
+			require.NoError(t, checking.Insert(ctx, tx, valid))
 			require.Equal(t, 1, countIn(t, tx))
+		})
+	}
+}
+
+// TestWriterSchemaCheckOnInsert: Validate always checks a payload against
+// its JSON Schema; Insert and Queue do only when the Writer was built
+// with WithSchemaCheckOnInsert, and otherwise write a payload of the wrong
+// shape that passes every other check. The size limit (W6) and the checks
+// that keep the INSERT from failing hold either way.
+func TestWriterSchemaCheckOnInsert(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx := context.Background()
+	checking, err := outbox.NewWriter(outboxtest.Types(), outbox.WithSchemaCheckOnInsert())
+	require.NoError(t, err)
+	wrongShape := withPayload(`{"n": "not a number"}`)
+	for _, tc := range []struct {
+		name    string
+		w       *outbox.Writer
+		queue   bool
+		refused bool
+	}{
+		{"InsertTrusts", testWriter, false, false},
+		{"QueueTrusts", testWriter, true, false},
+		{"InsertChecks", checking, false, true},
+		{"QueueChecks", checking, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			defer tx.Rollback(ctx) //nolint:errcheck // the test never commits
+			events := []outbox.Event{event("agg-"+tc.name, 1, wrongShape)}
+			require.ErrorIs(t, tc.w.Validate(events), outbox.ErrInvalidEvent, "Validate always checks the schema")
+			if tc.queue {
+				b := &pgx.Batch{}
+				var inserted func(context.Context, pgx.Tx) error
+				inserted, err = tc.w.Queue(ctx, b, events)
+				if err == nil {
+					require.NoError(t, tx.SendBatch(ctx, b).Close())
+					err = inserted(ctx, tx)
+				}
+			} else {
+				err = tc.w.Insert(ctx, tx, events)
+			}
+			if tc.refused {
+				require.ErrorIs(t, err, outbox.ErrInvalidEvent)
+				require.Zero(t, countIn(t, tx))
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, 1, countIn(t, tx))
+
+			for name, mod := range map[string]func(*outbox.Event){
+				"TooLarge":  withPayload(`{"n": 1, "blob": "` + strings.Repeat("x", outbox.MaxPayloadBytes) + `"}`),
+				"NotJSON":   withPayload(`{"n": 1`),
+				"NULEscape": withPayload(`{"n": 1, "blob": "a\u0000b"}`),
+			} {
+				require.ErrorIs(t, tc.w.Insert(ctx, tx, []outbox.Event{event("agg-"+tc.name+name, 1, mod)}), outbox.ErrInvalidEvent, name)
+			}
 		})
 	}
 }

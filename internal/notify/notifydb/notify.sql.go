@@ -154,8 +154,8 @@ type EmailSendClaimOneParams struct {
 	MaxAttempts   int32
 }
 
-// Claims the next due row in a short transaction of its own; the send
-// happens after commit. One row per claim, so that only an email whose send
+// Claims the next due row in a short transaction, with the worker's
+// previous result if it has one; the send happens after commit. One row per claim, so that only an email whose send
 // has really begun is ever 'sending': a sender that dies leaves at most one
 // row for the stuck-send sweep. SKIP LOCKED lets several senders share the
 // ledger. Unknown rows are claimed only under the resend policy. A sender
@@ -171,8 +171,9 @@ type EmailSendClaimOneParams struct {
 // states and sorts; with statistics from before a backlog it reads and
 // sorts every due row for each claim. now(), not clock_timestamp(), bounds
 // the index scan (a volatile bound is only a filter, and an idle worker
-// would read every row waiting out a retry delay); in a statement of its
-// own, now() is the statement's start. The sender runs it with sorting
+// would read every row waiting out a retry delay); now() is the start of
+// the claim's implicit transaction, which holds at most the previous
+// send's result update before it. The sender runs it with sorting
 // turned off (indexOrder in internal/notify/sender.go): with statistics
 // from before a backlog, the indexes alone do not stop the planner from
 // preferring a sort. The candidate not chosen stays locked only until this
