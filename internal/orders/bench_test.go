@@ -6,7 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	pgxuuid "github.com/vgarvardt/pgx-google-uuid/v5"
 
 	"github.com/outboxref/orders/internal/outbox"
 )
@@ -23,6 +26,19 @@ import (
 func BenchmarkCommands(b *testing.B) {
 	f := setup(b)
 	ctx := context.Background()
+	// The pool as orders serve opens it (cmd/orders openPool): with the
+	// google/uuid codec registered on each connection.
+	cfg := f.pool.Config()
+	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
+		pgxuuid.Register(conn.TypeMap())
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(b, err)
+	b.Cleanup(pool.Close)
+	f.pool = pool
+	f.svc, err = NewService(pool, WithLogger(f.svc.log))
+	require.NoError(b, err)
 	create := func(svc *Service) func(b *testing.B) {
 		return func(b *testing.B) {
 			cpu := processCPU(b)
