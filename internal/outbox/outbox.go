@@ -42,7 +42,9 @@
 //   - NewWriter, Writer: checks events against the event types.
 //   - Writer.Insert: validates and writes events in the caller's pgx.Tx;
 //     Writer.Queue does the same as one statement of the caller's pgx.Batch.
-//   - Writer.Validate: the same checks, without writing.
+//   - Writer.Validate: the same checks, without writing, and always
+//     against the JSON Schemas, which Insert and Queue check only for a
+//     Writer built with WithSchemaCheckOnInsert.
 //   - MaxPayloadBytes: the payload size limit (W6).
 //   - ErrInvalidEvent, ErrPayloadTooLarge, ErrUnknownEventType,
 //     ErrUnknownSchemaVersion, InvalidEventError: why an event was refused.
