@@ -54,9 +54,9 @@ type SenderConfig struct {
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
 	// Workers is how many emails are sent at once (EMAIL_SENDERS). Each
-	// claim and each result is a transaction of its own, a disk flush
-	// before anything else can happen, and a send waits on the relay: one
-	// worker sends a few hundred emails a second at best. Several workers
+	// claim is a commit that waits for the disk before the send may begin
+	// (it carries the previous email's result), and a send waits on the
+	// relay: one worker sends a few hundred emails a second at best. Several workers
 	// overlap those waits. Each claims one row per send, from its own
 	// share of the orders, so one order's emails never race each other.
 	// A crash then leaves up to one row per worker in 'sending', each an
@@ -72,7 +72,8 @@ type SenderConfig struct {
 
 // Sender is the send ledger's worker (C4): it claims one due row at a time
 // in a short transaction, sends it outside any transaction, and records the
-// result with an update fenced by the claim token. The ledger write that
+// result with an update fenced by the claim token, in the transaction of
+// its next claim. The ledger write that
 // created the row and the send are therefore never in one transaction, a
 // crash at any point leaves a row that says what is known, and since a row
 // is claimed only when its send begins, a crash leaves at most one row per
