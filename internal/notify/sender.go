@@ -56,8 +56,8 @@ type SenderConfig struct {
 	// Workers is how many emails are sent at once (EMAIL_SENDERS). Each
 	// claim is a commit that waits for the disk before the send may begin
 	// (it carries the previous email's result), and a send waits on the
-	// relay: one worker sends a few hundred emails a second at best. Several workers
-	// overlap those waits. Each claims one row per send, from its own
+	// relay: one worker sends a few hundred emails a second at best.
+	// Several workers overlap those waits. Each claims one row per send, from its own
 	// share of the orders, so one order's emails never race each other.
 	// A crash then leaves up to one row per worker in 'sending', each an
 	// unknown outcome, instead of one. Zero means one; at most 256.
@@ -73,12 +73,11 @@ type SenderConfig struct {
 // Sender is the send ledger's worker (C4): it claims one due row at a time
 // in a short transaction, sends it outside any transaction, and records the
 // result with an update fenced by the claim token, in the transaction of
-// its next claim. The ledger write that
-// created the row and the send are therefore never in one transaction, a
-// crash at any point leaves a row that says what is known, and since a row
-// is claimed only when its send begins, a crash leaves at most one row per
-// worker (SenderConfig.Workers) in 'sending' for the stuck-send sweep to
-// call unknown.
+// its next claim. The ledger write that created the row and the send are
+// therefore never in one transaction, a crash at any point leaves a row
+// that says what is known, and since a row is claimed only when its send
+// begins, a crash leaves at most one row per worker (SenderConfig.Workers)
+// in 'sending' for the stuck-send sweep to call unknown.
 type Sender struct {
 	pool    *pgxpool.Pool
 	mailer  Mailer
@@ -317,14 +316,17 @@ func (s *Sender) claim(ctx context.Context, p notifydb.EmailSendClaimOneParams, 
 		// Neither committed (or the commit's answer was lost, which
 		// record's read-back sorts out): the result goes on its own, with
 		// retries, before anything else is claimed.
-		s.record(ctx, *done)
+		s.record(context.WithoutCancel(ctx), *done)
 		return s.claim(ctx, p, nil)
 	}
 	if err != nil {
 		return row, false, err
 	}
 	if done != nil && db.first.tag.RowsAffected() == 0 {
-		s.lostClaim(ctx, s.pool, *done)
+		// The result committed as far as it could; the read-back only
+		// explains why it matched nothing, so its own failure changes
+		// nothing.
+		_ = s.lostClaim(ctx, s.pool, *done)
 	}
 	return row, found, nil
 }
