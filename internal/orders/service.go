@@ -25,7 +25,7 @@ import (
 // Service runs order commands and queries.
 type Service struct {
 	pool   *pgxpool.Pool
-	writer *outbox.Writer // checks every event against EventTypes() before writing it
+	writer *outbox.Writer // checks every event against EventTypes() before writing it (its payload's schema: see NewService)
 	log    *slog.Logger
 	now    func() time.Time
 	nudge  func()
@@ -61,8 +61,12 @@ func WithClock(now func() time.Time) Option { return func(s *Service) { s.now = 
 
 // NewService returns a service over pool. Its outbox writer, unless
 // WithWriter gives one, is built from EventTypes(), the schemas published
-// in docs/schemas, so every event a command writes has been checked
-// against its documented contract.
+// in docs/schemas. It checks each event's type, version, size and JSON
+// before writing it, but not the payload's shape against its schema: the
+// payloads are encoded from typed structs (events.go), and
+// TestCommandEvents validates every one a command can build against the
+// published schemas, so a shape that breaks its contract fails the tests
+// rather than a create (docs/architecture.md).
 func NewService(pool *pgxpool.Pool, opts ...Option) (*Service, error) {
 	s := &Service{pool: pool, log: slog.Default(), now: time.Now, nudge: func() {}}
 	for _, o := range opts {
