@@ -37,11 +37,14 @@ func sampleLag(ctx context.Context, opool, npool *pgxpool.Pool) []lagSample {
 			return out
 		case <-t.C:
 		}
+		// The notifier's counts first: what it applied was committed in the
+		// outbox before, so counting the outbox after never makes a lag
+		// negative.
 		var pending, delivered, created, processed, unsent int64
-		if err := opool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'delivered'), count(*) FROM outbox").Scan(&pending, &delivered, &created); err != nil {
+		if err := npool.QueryRow(ctx, "SELECT (SELECT count(*) FROM processed_event), (SELECT count(*) FROM email_send WHERE state IN ('pending', 'sending'))").Scan(&processed, &unsent); err != nil {
 			continue
 		}
-		if err := npool.QueryRow(ctx, "SELECT (SELECT count(*) FROM processed_event), (SELECT count(*) FROM email_send WHERE state IN ('pending', 'sending'))").Scan(&processed, &unsent); err != nil {
+		if err := opool.QueryRow(ctx, "SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'delivered'), count(*) FROM outbox").Scan(&pending, &delivered, &created); err != nil {
 			continue
 		}
 		out = append(out, lagSample{At: time.Now(), Pending: pending, Unapplied: created - processed, Behind: max(0, delivered-processed), Unsent: unsent})
