@@ -92,7 +92,7 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 		shrink("latency-duration", func() { o.LatencyDuration = 5 * time.Second })
 		shrink("recovery-backlog", func() { o.RecoveryBacklog = 10000 })
 		shrink("capacity-step", func() { o.CapacityStep = 3 * time.Second })
-		shrink("capacity-steps", func() { o.CapacitySteps = 3 })
+		shrink("capacity-steps", func() { o.CapacitySteps = 2 })
 		shrink("drain-timeout", func() { o.DrainTimeout = 2 * time.Minute })
 	}
 	if o.RelayBatch < 0 || o.RelayBatch > 10000 {
