@@ -130,7 +130,7 @@ func (b *bench) runChain(ctx context.Context, label string, rate int, d time.Dur
 		return nil, err
 	}
 	procs := []*proc{broker, orders, notifier}
-	stopAll := func() error {
+	stopChain := func() error {
 		for _, p := range []*proc{notifier, orders, broker} {
 			peak, err := p.stop(60 * time.Second)
 			if err != nil {
@@ -162,7 +162,7 @@ func (b *bench) runChain(ctx context.Context, label string, rate int, d time.Dur
 				return nil, err
 			}
 		}
-		return run, stopAll()
+		return run, stopChain()
 	}
 	err = waitFor(ctx, b.opts.DrainTimeout, 250*time.Millisecond, procs, func(ctx context.Context) (bool, error) {
 		var pending, created, processed int64
@@ -180,7 +180,7 @@ func (b *bench) runChain(ctx context.Context, label string, rate int, d time.Dur
 	if err != nil {
 		return nil, fmt.Errorf("waiting for the chain to catch up: %w", err)
 	}
-	if err := stopAll(); err != nil {
+	if err := stopChain(); err != nil {
 		return nil, err
 	}
 	if err := readLatencies(ctx, opool, npool, run); err != nil {
