@@ -16,6 +16,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxref/orders/internal/outbox/cloudevents"
 )
 
 // The reference outbox: Watermill's Forwarder component. Events are
@@ -47,12 +49,13 @@ type outboxEvent struct {
 	Type          string
 	Schema        int
 	Payload       []byte
+	CreatedAt     time.Time
 }
 
 // readOutbox reads every outbox row of db in creation order.
 func readOutbox(ctx context.Context, pool *pgxpool.Pool) ([]outboxEvent, error) {
 	rows, err := pool.Query(ctx, `SELECT event_id::text, aggregate_type, aggregate_id, aggregate_version,
-			event_type, schema_version, payload::text
+			event_type, schema_version, payload::text, created_at
 		FROM outbox ORDER BY created_at, aggregate_version`)
 	if err != nil {
 		return nil, err
@@ -60,22 +63,31 @@ func readOutbox(ctx context.Context, pool *pgxpool.Pool) ([]outboxEvent, error) 
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (outboxEvent, error) {
 		var e outboxEvent
 		var payload string
-		err := r.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.Version, &e.Type, &e.Schema, &payload)
+		err := r.Scan(&e.ID, &e.AggregateType, &e.AggregateID, &e.Version, &e.Type, &e.Schema, &payload, &e.CreatedAt)
 		e.Payload = []byte(payload)
 		return e, err
 	})
 }
 
 // watermillMessage is the message an application using Watermill would
-// publish for the event: its id, its payload, and the fields the relay
-// sends as headers as metadata.
+// publish for the event: its id, its payload, and as metadata (which
+// watermill-kafka sends as headers) the headers the relay sends.
 func watermillMessage(e outboxEvent) *message.Message {
 	m := message.NewMessage(e.ID, e.Payload)
-	m.Metadata.Set("event_type", e.Type)
-	m.Metadata.Set("aggregate_type", e.AggregateType)
-	m.Metadata.Set("aggregate_id", e.AggregateID)
-	m.Metadata.Set("aggregate_version", strconv.FormatInt(e.Version, 10))
-	m.Metadata.Set("schema_version", strconv.Itoa(e.Schema))
+	for k, v := range map[string]string{
+		cloudevents.HeaderSpecVersion:      cloudevents.SpecVersion,
+		cloudevents.HeaderID:               e.ID,
+		cloudevents.HeaderType:             e.Type,
+		cloudevents.HeaderSource:           "urn:outboxref:orders",
+		cloudevents.HeaderSubject:          e.AggregateID,
+		cloudevents.HeaderTime:             e.CreatedAt.UTC().Format(time.RFC3339Nano),
+		cloudevents.HeaderContentType:      "application/json",
+		cloudevents.HeaderAggregateType:    e.AggregateType,
+		cloudevents.HeaderAggregateVersion: strconv.FormatInt(e.Version, 10),
+		cloudevents.HeaderSchemaVersion:    strconv.Itoa(e.Schema),
+	} {
+		m.Metadata.Set(k, v)
+	}
 	return m
 }
 
@@ -190,7 +202,7 @@ func (b *bench) watermillDrain(ctx context.Context, db, brokerAddr string, n int
 	kpub, err := kafka.NewPublisher(kafka.PublisherConfig{
 		Brokers: []string{brokerAddr},
 		Marshaler: kafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) {
-			return m.Metadata.Get("aggregate_id"), nil
+			return m.Metadata.Get(cloudevents.HeaderSubject), nil
 		}),
 		OverwriteSaramaConfig: watermillSarama(),
 	}, logger)
