@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strconv"
 	"time"
 )
@@ -74,9 +75,9 @@ func (b *bench) ordersServe(ctx context.Context, name, db, broker string, relay 
 	return p, base, p.waitHTTP(ctx, base+"/readyz")
 }
 
-// apiRun measures POST /orders on a fresh database.
-func (b *bench) apiRun(ctx context.Context, relay bool) (loadResult, error) {
-	const sc = "api"
+// apiRun measures POST /orders on a fresh database, closed loop from
+// -conns connections, reporting the processes' peak RSS under sc.
+func (b *bench) apiRun(ctx context.Context, sc string, relay bool) (loadResult, error) {
 	db, err := b.ordersDB(ctx, "api")
 	if err != nil {
 		return loadResult{}, err
@@ -93,8 +94,8 @@ func (b *bench) apiRun(ctx context.Context, relay bool) (loadResult, error) {
 	if err != nil {
 		return loadResult{}, err
 	}
-	meter := startCPU(map[string]int{"orders serve": srv.cmd.Process.Pid, "devbroker": broker.cmd.Process.Pid})
-	res, err := b.closedLoad(ctx, base, b.opts.Conns, b.opts.APIDuration)
+	meter := startCPU(map[string]int{"orders serve": srv.pid(), "devbroker": broker.pid(), "bench (load)": selfPID()}, b.runID)
+	res, err := b.closedLoad(ctx, meter, base, b.opts.Conns, b.opts.APIDuration)
 	if err != nil {
 		return res, err
 	}
@@ -136,7 +137,7 @@ func (b *bench) pgbenchRun(ctx context.Context) (float64, cores, error) {
 	if err := cmd.Start(); err != nil {
 		return 0, cores{}, fmt.Errorf("pgbench: %w", err)
 	}
-	meter := startCPU(map[string]int{"pgbench": cmd.Process.Pid})
+	meter := startCPU(map[string]int{"pgbench": cmd.Process.Pid}, b.runID)
 	// pgbench runs for secs after connecting: sample its ticks while it is
 	// still there (they are gone once it is reaped).
 	time.Sleep(b.opts.APIDuration)
@@ -155,11 +156,11 @@ func (b *bench) pgbenchRun(ctx context.Context) (float64, cores, error) {
 // pgbench running the same transaction.
 func (b *bench) apiScenario(ctx context.Context) error {
 	const sc = "api"
-	on, err := b.apiRun(ctx, true)
+	on, err := b.apiRun(ctx, sc, true)
 	if err != nil {
 		return err
 	}
-	off, err := b.apiRun(ctx, false)
+	off, err := b.apiRun(ctx, sc, false)
 	if err != nil {
 		return err
 	}
@@ -184,6 +185,21 @@ func (b *bench) apiScenario(ctx context.Context) error {
 	}{{"relay on", on.CPU}, {"relay off", off.CPU}, {"pgbench", pgCPU}} {
 		b.rep.add(result{Scenario: sc, Figure: "cores busy, " + run.name, Value: run.c.Machine, Unit: "cores",
 			Reference: "cores", RefValue: float64(runtime.NumCPU()), Target: "-", Note: run.c.String()})
+		b.addCores(sc, run.name+": ", run.c)
 	}
 	return nil
+}
+
+// addCores reports each process's cores of a measurement against the
+// cores the whole machine kept busy meanwhile: the ratio is its share.
+func (b *bench) addCores(sc, prefix string, c cores) {
+	names := make([]string, 0, len(c.Procs))
+	for name := range c.Procs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		b.rep.add(result{Scenario: sc, Figure: prefix + "cores, " + name, Value: c.Procs[name], Unit: "cores",
+			Reference: "machine busy", RefValue: c.Machine})
+	}
 }

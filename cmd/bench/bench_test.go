@@ -182,3 +182,138 @@ func TestParseCPU(t *testing.T) {
 	assert.Equal(t, 42.0, parsePidStat("1234 (orders serve) S 1 1234 1234 0 -1 4194560 100 0 0 0 30 12 0 0 20 0 8"))
 	assert.Equal(t, 0.0, parsePidStat("garbage"))
 }
+
+func TestJudgeStep(t *testing.T) {
+	flat := []float64{10, 12, 9, 11, 10, 12, 10, 11, 9, 10}
+	growing := []float64{0, 50, 100, 150, 200, 250, 300, 350, 400, 450} // 50/s
+	v := judgeStep(1000, 995, stepLags{Pending: flat, Unapplied: flat, Unsent: flat})
+	assert.True(t, v.KeepsUp, v.Reasons)
+	assert.Empty(t, v.Reasons)
+
+	// 50/s is above 1% of 1,000/s and grows by 450 events, more than a
+	// quarter second of load: behind.
+	v = judgeStep(1000, 1000, stepLags{Pending: flat, Unapplied: growing, Unsent: flat})
+	assert.False(t, v.KeepsUp)
+	assert.Equal(t, []string{"unapplied grows 50.0/s"}, v.Reasons)
+	// The same growth at 10,000/s is under 1% of the rate: flat.
+	assert.True(t, judgeStep(10000, 10000, stepLags{Pending: flat, Unapplied: growing, Unsent: flat}).KeepsUp)
+
+	// Each lag counts, not only the unapplied events.
+	assert.False(t, judgeStep(1000, 1000, stepLags{Pending: growing, Unapplied: flat, Unsent: flat}).KeepsUp)
+	assert.False(t, judgeStep(1000, 1000, stepLags{Pending: flat, Unapplied: flat, Unsent: growing}).KeepsUp)
+
+	// A short step whose lag rises by a batch (2 events at 30/s, under a
+	// quarter second of load) is not behind, though its slope is 3% of
+	// the rate.
+	assert.True(t, judgeStep(30, 30, stepLags{Pending: []float64{0, 1, 2}, Unapplied: []float64{0, 1, 2}, Unsent: []float64{0, 0, 0}}).KeepsUp)
+
+	// The load must reach the asked rate within 3%.
+	v = judgeStep(1000, 960, stepLags{Pending: flat, Unapplied: flat, Unsent: flat})
+	assert.False(t, v.KeepsUp)
+	assert.Equal(t, []string{"reached 960/s of 1000/s"}, v.Reasons)
+	assert.True(t, judgeStep(1000, 971, stepLags{Pending: flat, Unapplied: flat, Unsent: flat}).KeepsUp)
+
+	// No samples, no verdict of keeping up.
+	assert.False(t, judgeStep(1000, 1000, stepLags{Pending: flat, Unapplied: []float64{1}, Unsent: flat}).KeepsUp)
+	assert.False(t, judgeStep(0, 0, stepLags{}).KeepsUp)
+}
+
+// runStepper drives a stepper against a chain that keeps up with any
+// rate up to capacity and returns the rates it tried.
+func runStepper(s *stepper, capacity int) []int {
+	var rates []int
+	for {
+		r, ok := s.next()
+		if !ok {
+			return rates
+		}
+		rates = append(rates, r)
+		s.record(r, r <= capacity)
+	}
+}
+
+func TestStepperSearch(t *testing.T) {
+	// API max 2,000/s: start at 500, up by 200 until 1,100 fails, then
+	// halve the interval between 900 and 1,100 down to 50 (inc/4).
+	s := newStepper(2000, 20)
+	assert.Equal(t, []int{500, 700, 900, 1100, 1000, 950}, runStepper(s, 960))
+	assert.Equal(t, 950, s.capacity())
+	good, bad := s.bounds()
+	assert.Equal(t, 950, good)
+	assert.Equal(t, 1000, bad)
+
+	// A chain that keeps up with everything stops at the API's maximum.
+	s = newStepper(1000, 20)
+	assert.Equal(t, []int{250, 350, 450, 550, 650, 750, 850, 950, 1000}, runStepper(s, 5000))
+	assert.Equal(t, 1000, s.capacity())
+
+	// The first step failing searches downwards from it.
+	s = newStepper(2000, 20)
+	assert.Equal(t, []int{500, 250, 375, 312, 281}, runStepper(s, 300))
+	assert.Equal(t, 281, s.capacity())
+
+	// Nothing keeps up: capacity 0 once the steps run out.
+	s = newStepper(2000, 3)
+	assert.Equal(t, []int{500, 250, 125}, runStepper(s, 0))
+	assert.Equal(t, 0, s.capacity())
+
+	// At most maxSteps steps.
+	s = newStepper(2000, 2)
+	assert.Equal(t, []int{500, 700}, runStepper(s, 5000))
+	assert.Equal(t, 700, s.capacity())
+}
+
+func TestStepperIgnoresANoisyPassAboveAFailure(t *testing.T) {
+	s := newStepper(1000, 20)
+	s.record(250, true)
+	s.record(350, false)
+	s.record(450, true) // noise: above a failure, it does not raise the capacity
+	good, bad := s.bounds()
+	assert.Equal(t, 250, good)
+	assert.Equal(t, 350, bad)
+	r, ok := s.next()
+	require.True(t, ok)
+	assert.Equal(t, 300, r)
+}
+
+func TestLagsAfterWarmup(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	var samples []lagSample
+	for i := 1; i <= 10; i++ {
+		samples = append(samples, lagSample{At: t0.Add(time.Duration(i) * time.Second), Pending: int64(i), Unapplied: int64(10 * i), Unsent: int64(100 * i)})
+	}
+	// A 10 s step drops its first 2 s.
+	l := lagsAfterWarmup(samples, t0, 10*time.Second)
+	assert.Equal(t, []float64{2, 3, 4, 5, 6, 7, 8, 9, 10}, l.Pending)
+	assert.Equal(t, 20.0, l.Unapplied[0])
+	assert.Equal(t, 200.0, l.Unsent[0])
+	// A 60 s step drops at most 5 s.
+	l = lagsAfterWarmup(samples, t0, 60*time.Second)
+	assert.Equal(t, []float64{5, 6, 7, 8, 9, 10}, l.Pending)
+}
+
+func TestPostgresGroup(t *testing.T) {
+	run := "123_456"
+	assert.Equal(t, pgBackends, postgresGroup("postgres: 15/main: postgres bench_123_456_cap1_orders_3 127.0.0.1(5000) idle", run))
+	assert.Equal(t, pgBackends, postgresGroup("postgres: 15/main: autovacuum worker bench_123_456_cap1_orders_3", run))
+	assert.Equal(t, pgBackground, postgresGroup("postgres: 15/main: checkpointer ", run))
+	assert.Equal(t, pgBackground, postgresGroup("postgres: walwriter", run))
+	assert.Equal(t, pgBackground, postgresGroup("/usr/lib/postgresql/15/bin/postgres\x00-D\x00/var/lib/postgresql/15/main\x00", run))
+	// Anyone else's backend, including another run's, is left out.
+	assert.Equal(t, "", postgresGroup("postgres: 15/main: postgres bench_999_456_cap1_orders_3 127.0.0.1(5000) idle", run))
+	assert.Equal(t, "", postgresGroup("postgres: 15/main: postgres orders_test 127.0.0.1(5001) idle", run))
+}
+
+func TestCoresString(t *testing.T) {
+	c := cores{Machine: 1.5, Procs: map[string]float64{"orders serve": 0.5, "devbroker": 0.125}}
+	assert.Equal(t, "machine 1.50 cores busy (devbroker 0.12, orders serve 0.50)", c.String())
+}
+
+func TestJudgeStepAbsoluteNoise(t *testing.T) {
+	// At 20/s a lag rising by 8 events over a short step is within the
+	// absolute allowance of 10 events, though more than a quarter second
+	// of load; 12 events is not.
+	quiet := []float64{0, 0, 0}
+	assert.True(t, judgeStep(20, 20, stepLags{Pending: quiet, Unapplied: []float64{0, 4, 8}, Unsent: quiet}).KeepsUp)
+	assert.False(t, judgeStep(20, 20, stepLags{Pending: quiet, Unapplied: []float64{0, 6, 12}, Unsent: quiet}).KeepsUp)
+}

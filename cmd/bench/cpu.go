@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -14,21 +15,39 @@ const clockTicks = 100
 
 // cpuMeter measures, over one load run, how many cores the whole machine
 // and each named process kept busy: the numbers that say whether a
-// throughput is limited by the CPU and who spent it.
+// throughput is limited by the CPU and who spent it. With a run id it also
+// sums PostgreSQL's processes in two groups: the backends serving the
+// run's databases, and the server's own background processes (shared with
+// anyone else using the server).
 type cpuMeter struct {
 	start       time.Time
 	busy, total float64 // machine, in ticks
 	procs       map[string]int
 	procStart   map[string]float64
+	runID       string
+	pgStart     map[int]float64
+	result      *cores // once stopped
 }
 
+// The groups of PostgreSQL processes a cpuMeter reports.
+const (
+	pgBackends   = "postgres (this run's backends)"
+	pgBackground = "postgres (background, shared)"
+)
+
 // startCPU begins a measurement of the machine and of the given processes
-// (name to pid).
-func startCPU(procs map[string]int) *cpuMeter {
-	m := &cpuMeter{start: time.Now(), procs: procs, procStart: map[string]float64{}}
+// (name to pid), and of PostgreSQL's when runID is not empty.
+func startCPU(procs map[string]int, runID string) *cpuMeter {
+	m := &cpuMeter{start: time.Now(), procs: procs, procStart: map[string]float64{}, runID: runID}
 	m.busy, m.total = machineTicks()
 	for name, pid := range procs {
 		m.procStart[name] = procTicks(pid)
+	}
+	if runID != "" {
+		m.pgStart = map[int]float64{}
+		for pid, p := range postgresProcs(runID) {
+			m.pgStart[pid] = p.ticks
+		}
 	}
 	return m
 }
@@ -39,28 +58,107 @@ type cores struct {
 	Procs   map[string]float64
 }
 
+// add starts measuring one more process, from now.
+func (m *cpuMeter) add(name string, pid int) {
+	m.procs[name] = pid
+	m.procStart[name] = procTicks(pid)
+}
+
+// stop ends the measurement and returns it; later calls return the same.
 func (m *cpuMeter) stop() cores {
+	if m.result != nil {
+		return *m.result
+	}
 	secs := time.Since(m.start).Seconds()
 	busy, _ := machineTicks()
 	c := cores{Machine: (busy - m.busy) / clockTicks / secs, Procs: map[string]float64{}}
 	for name, pid := range m.procs {
 		c.Procs[name] = (procTicks(pid) - m.procStart[name]) / clockTicks / secs
 	}
+	if m.pgStart != nil {
+		sums := map[string]float64{}
+		for pid, p := range postgresProcs(m.runID) {
+			// A process started during the run spent all its ticks in it.
+			sums[p.group] += p.ticks - m.pgStart[pid]
+		}
+		for _, g := range []string{pgBackends, pgBackground} {
+			c.Procs[g] = sums[g] / clockTicks / secs
+		}
+	}
+	m.result = &c
 	return c
 }
 
 func (c cores) String() string {
+	names := make([]string, 0, len(c.Procs))
+	for name := range c.Procs {
+		names = append(names, name)
+	}
+	sort.Strings(names)
 	var parts []string
-	for _, name := range []string{"orders serve", "devbroker", "pgbench"} {
-		if v, ok := c.Procs[name]; ok {
-			parts = append(parts, fmt.Sprintf("%s %.2f", name, v))
-		}
+	for _, name := range names {
+		parts = append(parts, fmt.Sprintf("%s %.2f", name, c.Procs[name]))
 	}
 	s := fmt.Sprintf("machine %.2f cores busy", c.Machine)
 	if len(parts) > 0 {
 		s += " (" + strings.Join(parts, ", ") + ")"
 	}
 	return s
+}
+
+// pgProc is one PostgreSQL process: its group and CPU ticks so far.
+type pgProc struct {
+	group string
+	ticks float64
+}
+
+// postgresProcs lists the PostgreSQL server processes on this host that
+// belong to one of the cpuMeter's groups, by pid.
+func postgresProcs(runID string) map[int]pgProc {
+	out := map[int]pgProc{}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return out
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(comm)) != "postgres" {
+			continue
+		}
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		if g := postgresGroup(string(cmdline), runID); g != "" {
+			out[pid] = pgProc{group: g, ticks: procTicks(pid)}
+		}
+	}
+	return out
+}
+
+// postgresGroup classifies a PostgreSQL process by its command line (the
+// server rewrites it to "postgres: [cluster: ]user database host state" for
+// a backend and "postgres: [cluster: ]checkpointer" and the like for its
+// own processes): a backend or autovacuum worker on one of the run's
+// databases (named bench_<runID>_...), a background process, or "" for
+// anyone else's backend.
+func postgresGroup(cmdline, runID string) string {
+	if strings.Contains(cmdline, "bench_"+runID+"_") {
+		return pgBackends
+	}
+	if !strings.HasPrefix(cmdline, "postgres:") {
+		return pgBackground // the postmaster, started as .../bin/postgres -D ...
+	}
+	for _, bg := range []string{"checkpointer", "background writer", "walwriter", "autovacuum launcher", "logical replication launcher", "archiver", "stats collector"} {
+		if strings.HasSuffix(strings.TrimRight(cmdline, "\x00 "), bg) {
+			return pgBackground
+		}
+	}
+	return ""
 }
 
 // machineTicks returns the busy and total CPU ticks of all cores from

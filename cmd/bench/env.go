@@ -77,6 +77,7 @@ func run(ctx context.Context, opts options, out io.Writer) (err error) {
 		"notifier": b.notifierScenario,
 		"latency":  b.latencyScenario,
 		"recovery": b.recoveryScenario,
+		"capacity": b.capacityScenario,
 	}
 	for _, name := range opts.Scenarios {
 		if ctx.Err() != nil {

@@ -41,9 +41,10 @@ wrk.body = '` + orderBody + `'
 
 // closedLoad runs conns clients posting orders back to back for d, with
 // wrk when it is installed and the built-in generator otherwise.
-func (b *bench) closedLoad(ctx context.Context, base string, conns int, d time.Duration) (loadResult, error) {
+// wrk's CPU is added to meter.
+func (b *bench) closedLoad(ctx context.Context, meter *cpuMeter, base string, conns int, d time.Duration) (loadResult, error) {
 	if path, err := exec.LookPath("wrk"); err == nil {
-		return b.wrkLoad(ctx, path, base, conns, d)
+		return b.wrkLoad(ctx, meter, path, base, conns, d)
 	}
 	return goLoad(ctx, base, conns, d)
 }
@@ -54,19 +55,31 @@ var (
 	wrkErrorsRE   = regexp.MustCompile(`Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)`)
 )
 
-func (b *bench) wrkLoad(ctx context.Context, wrk, base string, conns int, d time.Duration) (loadResult, error) {
+func (b *bench) wrkLoad(ctx context.Context, meter *cpuMeter, wrk, base string, conns int, d time.Duration) (loadResult, error) {
 	script := filepath.Join(b.dir, "post-order.lua")
 	if err := os.WriteFile(script, []byte(wrkScript), 0o644); err != nil {
 		return loadResult{}, err
 	}
 	threads := min(2, conns)
-	out, err := exec.CommandContext(ctx, wrk, "-t"+strconv.Itoa(threads), "-c"+strconv.Itoa(conns),
-		"-d"+strconv.Itoa(max(1, int(d.Seconds())))+"s", "-s", script, base+"/orders").CombinedOutput()
+	cmd := exec.CommandContext(ctx, wrk, "-t"+strconv.Itoa(threads), "-c"+strconv.Itoa(conns),
+		"-d"+strconv.Itoa(max(1, int(d.Seconds())))+"s", "-s", script, base+"/orders")
+	var buf bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	if err := cmd.Start(); err != nil {
+		return loadResult{}, fmt.Errorf("wrk: %w", err)
+	}
+	meter.add("wrk", cmd.Process.Pid)
+	// Stop the meter while wrk is still there to be read.
+	time.Sleep(d)
+	cpu := meter.stop()
+	err := cmd.Wait()
+	out := buf.Bytes()
 	if err != nil {
 		return loadResult{}, fmt.Errorf("wrk: %w\n%s", err, out)
 	}
 	res, err := parseWrk(string(out))
 	res.Tool = fmt.Sprintf("wrk -t%d -c%d", threads, conns)
+	res.CPU = cpu
 	return res, err
 }
 

@@ -4,7 +4,7 @@
 // same run on the same machine, so that runs on a shared or slower host
 // are compared by their ratios rather than by absolute numbers.
 //
-//	go run ./cmd/bench [flags] relay|api|notifier|latency|recovery|all ...
+//	go run ./cmd/bench [flags] relay|api|notifier|latency|recovery|capacity|all ...
 //
 // It builds the binaries into a temporary directory, creates fresh
 // databases with unique names (dropped at the end), starts devbroker on a

@@ -11,7 +11,7 @@ import (
 )
 
 // scenarioNames lists the scenarios in the order `all` runs them.
-var scenarioNames = []string{"relay", "api", "notifier", "latency", "recovery"}
+var scenarioNames = []string{"relay", "api", "notifier", "latency", "recovery", "capacity"}
 
 // options is the parsed command line.
 type options struct {
@@ -31,6 +31,8 @@ type options struct {
 	LatencyDuration time.Duration
 	RecoveryBacklog int
 	DrainTimeout    time.Duration
+	CapacityStep    time.Duration
+	CapacitySteps   int
 }
 
 var errHelp = errors.New("help requested")
@@ -65,6 +67,8 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.Rate, "rate", 1000, "latency: POST /orders per second (open loop)")
 	fs.DurationVar(&o.LatencyDuration, "latency-duration", 60*time.Second, "latency: duration of the load")
 	fs.IntVar(&o.RecoveryBacklog, "recovery-backlog", 1000000, "recovery: committed events in the backlog")
+	fs.DurationVar(&o.CapacityStep, "capacity-step", 60*time.Second, "capacity: duration of each rate step, and of the latency runs at 50% and 80% of the capacity found")
+	fs.IntVar(&o.CapacitySteps, "capacity-steps", 10, "capacity: at most this many rate steps")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", 30*time.Minute, "give up on any one drain after this long")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -87,17 +91,19 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 		shrink("rate", func() { o.Rate = 200 })
 		shrink("latency-duration", func() { o.LatencyDuration = 5 * time.Second })
 		shrink("recovery-backlog", func() { o.RecoveryBacklog = 10000 })
+		shrink("capacity-step", func() { o.CapacityStep = 3 * time.Second })
+		shrink("capacity-steps", func() { o.CapacitySteps = 2 })
 		shrink("drain-timeout", func() { o.DrainTimeout = 2 * time.Minute })
 	}
 	if o.RelayBatch < 0 || o.RelayBatch > 10000 {
 		return o, fmt.Errorf("-relay-batch %d: want 0 to 10000", o.RelayBatch)
 	}
-	for name, v := range map[string]int{"backlog": o.Backlog, "conns": o.Conns, "notifier-backlog": o.NotifierBacklog, "rate": o.Rate, "recovery-backlog": o.RecoveryBacklog} {
+	for name, v := range map[string]int{"backlog": o.Backlog, "conns": o.Conns, "notifier-backlog": o.NotifierBacklog, "rate": o.Rate, "recovery-backlog": o.RecoveryBacklog, "capacity-steps": o.CapacitySteps} {
 		if v < 2 {
 			return o, fmt.Errorf("-%s %d: want at least 2", name, v)
 		}
 	}
-	for name, v := range map[string]time.Duration{"api-duration": o.APIDuration, "latency-duration": o.LatencyDuration, "drain-timeout": o.DrainTimeout} {
+	for name, v := range map[string]time.Duration{"api-duration": o.APIDuration, "latency-duration": o.LatencyDuration, "drain-timeout": o.DrainTimeout, "capacity-step": o.CapacityStep} {
 		if v <= 0 {
 			return o, fmt.Errorf("-%s %s: want a positive duration", name, v)
 		}

@@ -230,3 +230,10 @@ func baseEnv() []string {
 	}
 	return env
 }
+
+// pid is the process id of a started service.
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// selfPID is the benchmark's own process id: the load generator and the
+// SMTP sink run in it.
+func selfPID() int { return os.Getpid() }

@@ -122,6 +122,11 @@ func (b *bench) relayScenario(ctx context.Context) error {
 	unRate := float64(n) / unTime.Seconds()
 	b.logf("unordered SQL loop: %d events in %s", n, unTime.Round(time.Millisecond))
 
+	wmRate, err := b.watermillReference(ctx, sc, src, n)
+	if err != nil {
+		return err
+	}
+
 	batch := fmt.Sprintf("batch %d", b.opts.batchSize())
 	b.rep.add(result{Scenario: sc, Figure: fmt.Sprintf("orders relay drain, %d events", n), Value: relayRate, Unit: "events/s",
 		Reference: "claim/confirm SQL loop", RefValue: loopRate, Target: "ratio >= 0.9",
@@ -129,5 +134,54 @@ func (b *bench) relayScenario(ctx context.Context) error {
 	b.rep.add(result{Scenario: sc, Figure: "claim/confirm SQL loop (strict order)", Value: loopRate, Unit: "events/s",
 		Reference: "unordered SQL loop", RefValue: unRate, Target: "ratio >= 0.8",
 		Note: "unordered: a lease UPDATE of SELECT event_id ... WHERE state='pending' AND next_attempt_at <= now() ORDER BY next_attempt_at, created_at LIMIT n FOR UPDATE SKIP LOCKED (the pending index's order, which is created_at's for this backlog), then a confirm UPDATE by primary key; both loops commit without waiting for the WAL flush, as the relay does; " + batch})
+	b.rep.add(result{Scenario: sc, Figure: fmt.Sprintf("orders relay / Watermill Forwarder, %d events", n), Value: relayRate, Unit: "events/s",
+		Reference: "Watermill SQL Forwarder", RefValue: wmRate, Target: "ratio >= 8",
+		Note: "Watermill v1.5 components/forwarder over watermill-sql v4 (PostgreSQL schema and offsets adapters, subscriber batch 100) to watermill-kafka v3's publisher (sarama, acks from all in-sync replicas, idempotent); the same events and payloads, written into its table by its SQL publisher in transactions of 1,000 events; timed from its start to the commit of the consumer group's last offset, in the benchmark process"})
 	return nil
+}
+
+// watermillReference loads the events of the outbox in src into a fresh
+// database the way Watermill's Forwarder stores them and returns the rate
+// at which the Forwarder drains them to a fresh broker.
+func (b *bench) watermillReference(ctx context.Context, sc, src string, n int) (float64, error) {
+	spool, err := b.pool(ctx, src)
+	if err != nil {
+		return 0, err
+	}
+	events, err := readOutbox(ctx, spool)
+	spool.Close()
+	if err != nil {
+		return 0, err
+	}
+	if len(events) != n {
+		return 0, fmt.Errorf("source outbox holds %d events, want %d", len(events), n)
+	}
+	db, err := b.newDB(ctx, "relay_watermill", "")
+	if err != nil {
+		return 0, err
+	}
+	wpool, err := b.pool(ctx, db)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	err = loadWatermill(ctx, wpool, events)
+	wpool.Close()
+	if err != nil {
+		return 0, err
+	}
+	b.logf("Watermill table: %d events written in %s", n, time.Since(start).Round(100*time.Millisecond))
+	broker, addr, err := b.startBroker(ctx)
+	if err != nil {
+		return 0, err
+	}
+	took, err := b.watermillDrain(ctx, db, addr, n)
+	if err != nil {
+		return 0, err
+	}
+	b.logf("Watermill Forwarder: %d events in %s", n, took.Round(time.Millisecond))
+	if err := b.stopProc(sc, broker); err != nil {
+		return 0, err
+	}
+	return float64(n) / took.Seconds(), nil
 }
