@@ -12,11 +12,13 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/twmb/franz-go/pkg/kgo"
+	pgxuuid "github.com/vgarvardt/pgx-google-uuid/v5"
 
 	"github.com/outboxref/orders/db/schema"
 	"github.com/outboxref/orders/internal/debugserver"
@@ -77,6 +79,12 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 		// work their own: the pool's default (four, or one per CPU) would
 		// make the consumer queue behind the senders.
 		pcfg.MaxConns = max(pcfg.MaxConns, int32(cfg.Email.Senders)+4)
+	}
+	// UUIDs as their 16 bytes rather than through text, as orders serve
+	// does (openPool there): each record carries several.
+	pcfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
+		pgxuuid.Register(conn.TypeMap())
+		return nil
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
