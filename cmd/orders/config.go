@@ -139,7 +139,7 @@ func load(getenv func(string) string, api bool) (Config, error) {
 	if spec := r.String("AUTH_TOKENS", defaultDevTokens); spec == "" && !api {
 		// Not needed: the relay alone has no authenticated endpoints.
 	} else if spec == "" {
-		r.Fail("AUTH_TOKENS is required: token=subject:role,... with roles customer, admin, service")
+		r.Fail("AUTH_TOKENS is required: token=subject:role,... with roles customer, admin, service, viewer")
 	} else if t, err := auth.ParseTokens(spec); err != nil {
 		r.Fail("AUTH_TOKENS: %v", err)
 	} else {
