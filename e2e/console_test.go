@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -17,12 +18,16 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
+// axeVersion is the axe-core release the console's pages are checked with.
+const axeVersion = "4.10.3"
+
 // TestConsoleInABrowser drives the operator console of a real orders serve
 // in headless Chromium (Debian's, never a downloaded one): sign in, the
 // overview, a failure group resumed as a whole from its page (the confirm
 // dialog accepted), drained to zero with an audit entry per event naming
 // the operator, and the event's journey with a hostile payload shown as
-// text. Any Content-Security-Policy violation or script error fails it.
+// text. Any Content-Security-Policy violation or script error fails it,
+// and so does a serious or critical violation axe-core finds on a page.
 // With CONSOLE_SCREENSHOTS=dir it saves a screenshot of each page there
 // (docs/console/ holds the committed ones).
 func TestConsoleInABrowser(t *testing.T) {
@@ -103,30 +108,52 @@ func TestConsoleInABrowser(t *testing.T) {
 		require.NoError(t, chromedp.Do(bctx, steps...))
 	}
 
+	// axe-core, pinned, from npm (scripts/install-axe.sh; make test-tools
+	// installs it first), injected into each page through DevTools.
+	out, err := exec.Command("../scripts/install-axe.sh", axeVersion).Output()
+	require.NoError(t, err, "install axe-core %s with scripts/install-axe.sh (npm)", axeVersion)
+	axeJS, err := os.ReadFile(strings.TrimSpace(string(out)))
+	require.NoError(t, err)
+	axe := func(name string) {
+		t.Helper()
+		_, err := chromedp.Run(bctx, chromedp.Evaluate[bool](string(axeJS)+";true"))
+		require.NoError(t, err)
+		bad, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](`axe.run(document).then(r => r.violations
+			.filter(v => v.impact === "serious" || v.impact === "critical")
+			.map(v => v.id + " (" + v.impact + ", " + v.nodes.length + " nodes): " + v.help))`, chromedp.EvalAwaitPromise))
+		require.NoError(t, err)
+		require.Empty(t, bad, "axe-core on the %s page", name)
+	}
+
 	_, err = chromedp.Call(bctx, log.Enable, cdp.Empty{})
 	require.NoError(t, err)
 	do(chromedp.Navigate(base+"/console/"), chromedp.WaitVisible(chromedp.ID("token")))
 	shot("signin")
+	axe("signin")
 	do(chromedp.SendKeys(chromedp.ID("token"), "dev-ops"), chromedp.Submit(chromedp.ID("token")),
 		chromedp.WaitVisible(chromedp.ID("overview")))
 	overview := text("#main")
 	shot("overview")
+	axe("overview")
 	require.Contains(t, overview, "order.paid")
 
 	do(chromedp.Navigate(base+"/console/groups"), chromedp.WaitVisible(chromedp.CSS("table")))
 	groups := text("#main")
 	shot("groups")
+	axe("groups")
 	require.Contains(t, groups, "event <id>: schema version <n> is not registered")
 	require.Contains(t, groups, "<script>alert(<n>)</script>", "hostile text shown as text")
 
 	do(chromedp.Click(chromedp.Search(`//tr[td[text()="unknown_schema_version"]]//a`)), chromedp.WaitVisible(chromedp.ID("resume-reason")))
 	group := text("#main")
 	shot("group")
+	axe("group")
 	require.Contains(t, group, "This will resume 3 events")
 	do(chromedp.SendKeys(chromedp.ID("resume-reason"), "schema v2 deployed"), chromedp.Click(chromedp.ID("resume-group")),
 		chromedp.WaitVisible(chromedp.CSS("#job-state[data-finished]")))
 	job := text("#main")
 	shot("job")
+	axe("job")
 	require.Contains(t, job, "3 of 3 done")
 
 	require.Eventually(t, func() bool {
@@ -147,14 +174,17 @@ func TestConsoleInABrowser(t *testing.T) {
 	do(chromedp.Navigate(base+"/console/events/"+hostile), chromedp.WaitVisible(chromedp.ID("payload")))
 	event := text("#payload")
 	shot("event")
+	axe("event")
 	scripts, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll("script").length`))
 	require.NoError(t, err)
 	require.Contains(t, event, `"note": "<script>alert(2)</script>"`, "the payload shows as text")
 	require.Equal(t, 1, scripts, "only the console's own script is on the page")
 	do(chromedp.Navigate(base+"/console/audit?actor=ops"), chromedp.WaitVisible(chromedp.ID("actor")))
 	shot("audit")
+	axe("audit")
 	do(chromedp.Navigate(base+"/console/replays"), chromedp.WaitVisible(chromedp.ID("plan-reason")))
 	shot("replays")
+	axe("replays")
 
 	mu.Lock()
 	defer mu.Unlock()
