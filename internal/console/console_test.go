@@ -248,6 +248,7 @@ func TestPagesSafe(t *testing.T) {
 		}
 		_, body := b.get("/console/events/" + ids[0].String())
 		require.Contains(t, body, "&lt;script&gt;alert(1)&lt;/script&gt;", "the payload is shown, as text")
+		require.Contains(t, body, "not configured", "the notifier's part says it is missing")
 		_, body = b.get("/console/groups")
 		require.Contains(t, body, "bad &lt;script&gt;alert(&lt;n&gt;)&lt;/script&gt; value &lt;n&gt;")
 		_, body = b.get("/console/replays/" + plan.ID.String())

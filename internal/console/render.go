@@ -99,11 +99,13 @@ func (c *Console) funcs() template.FuncMap {
 			}
 			return p
 		},
-		"mailpit": func(messageID string) string {
-			if c.cfg.MailpitURL == "" || messageID == "" {
+		// mailpit links to a search of the demo's SMTP sink (Mailpit's
+		// web UI) for a text, such as an order id.
+		"mailpit": func(text string) string {
+			if c.cfg.MailpitURL == "" || text == "" {
 				return ""
 			}
-			return strings.TrimRight(c.cfg.MailpitURL, "/") + "/view/latest?query=" + url.QueryEscape("message-id:"+messageID)
+			return strings.TrimRight(c.cfg.MailpitURL, "/") + "/search?q=" + url.QueryEscape(text)
 		},
 		"traceLink": func(traceID string) string {
 			if c.cfg.TraceURL == "" || traceID == "" {
