@@ -7,6 +7,9 @@ SQLC         := $(GOBIN)/sqlc
 GO_TEST_FLAGS ?= -race -count=1 -timeout 25m
 # The Mailpit that make demo runs and the web UI test loads (scripts/demo.env).
 MAILPIT_VERSION := $(shell sed -n 's/^MAILPIT_VERSION=//p' scripts/demo.env)
+# The axe-core release the console's browser test checks each page with
+# (e2e/console_test.go's axeVersion).
+AXE_VERSION := 4.10.3
 
 .DEFAULT_GOAL := help
 
@@ -33,9 +36,10 @@ test-short: test-tools ## Run the tests without the race detector (quicker feedb
 # compete with the test packages for the CPU and the test's own call finds
 # it done. Chromium is Debian's package (root needed when it is missing).
 .PHONY: test-tools
-test-tools: ## Install Chromium and build the demo's Mailpit with its web UI, for the web UI test.
+test-tools: ## Install Chromium, build the demo's Mailpit with its web UI, and install axe-core, for the browser tests.
 	./scripts/install-chromium.sh
 	./scripts/build-mailpit.sh $(MAILPIT_VERSION) >/dev/null
+	./scripts/install-axe.sh $(AXE_VERSION) >/dev/null
 
 .PHONY: lint
 lint: ## gofmt and go vet (and golangci-lint when installed; see .golangci.yaml).

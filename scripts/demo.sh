@@ -139,7 +139,11 @@ start mailpit "$mailpit" --smtp "127.0.0.1:$SMTP_PORT" --listen "127.0.0.1:$MAIL
 wait_http "http://127.0.0.1:$MAIL_UI_PORT/readyz" mailpit
 
 DATABASE_URL="$PG/orders?sslmode=disable" "$state/bin/orders" migrate
-start orders env DATABASE_URL="$PG/orders?sslmode=disable" HTTP_ADDR="127.0.0.1:$ORDERS_PORT" "$state/bin/orders" serve
+# The console reaches the notifier's admin API with an admin token, and
+# links each email to Mailpit.
+start orders env DATABASE_URL="$PG/orders?sslmode=disable" HTTP_ADDR="127.0.0.1:$ORDERS_PORT" \
+  CONSOLE_NOTIFIER_URL="http://127.0.0.1:$NOTIFIER_PORT" CONSOLE_NOTIFIER_TOKEN=dev-ops \
+  CONSOLE_MAILPIT_URL="http://127.0.0.1:$MAIL_UI_PORT" "$state/bin/orders" serve
 wait_http "http://127.0.0.1:$ORDERS_PORT/readyz" orders
 
 DATABASE_URL="$PG/notifier?sslmode=disable" "$state/bin/notifier" migrate
@@ -152,6 +156,7 @@ cat <<MSG
 
 The demo is running.
   Orders API     http://127.0.0.1:$ORDERS_PORT   (tokens: dev-alice, dev-bob, dev-ops, dev-ops2, dev-notifier)
+  Console        http://127.0.0.1:$ORDERS_PORT/console/   (sign in with dev-ops or dev-ops2)
   Notifier       http://127.0.0.1:$NOTIFIER_PORT/metrics
   Emails         http://127.0.0.1:$MAIL_UI_PORT   (Mailpit's web UI; API /api/v1/messages; SMTP on 127.0.0.1:$SMTP_PORT)
   Kafka          $BROKER, topic $ORDERS_TOPIC

@@ -25,9 +25,10 @@ type Config struct {
 	LogLevel        slog.Level    // LOG_LEVEL: debug, info, warn or error
 	DebugAddr       string        // DEBUG_ADDR: pprof on a private listener; off when empty
 
-	Kafka KafkaConfig
-	Relay RelayConfig
-	Ops   OperationsConfig
+	Kafka   KafkaConfig
+	Relay   RelayConfig
+	Ops     OperationsConfig
+	Console ConsoleConfig
 }
 
 // KafkaConfig is how the relay reaches the broker and what it produces.
@@ -122,6 +123,9 @@ func load(getenv func(string) string, api bool) (Config, error) {
 		},
 	}
 	c.Ops = loadOperations(r)
+	if api {
+		c.Console = loadConsole(r)
+	}
 	// The produce deadline defaults to 10s but never more than half the
 	// lease (R5a), so that shortening RELAY_LEASE alone stays valid.
 	c.Kafka.ProduceTimeout = r.Duration("KAFKA_PRODUCE_TIMEOUT", min(10*time.Second, c.Relay.Lease/2))
@@ -135,7 +139,7 @@ func load(getenv func(string) string, api bool) (Config, error) {
 	if spec := r.String("AUTH_TOKENS", defaultDevTokens); spec == "" && !api {
 		// Not needed: the relay alone has no authenticated endpoints.
 	} else if spec == "" {
-		r.Fail("AUTH_TOKENS is required: token=subject:role,... with roles customer, admin, service")
+		r.Fail("AUTH_TOKENS is required: token=subject:role,... with roles customer, admin, service, viewer")
 	} else if t, err := auth.ParseTokens(spec); err != nil {
 		r.Fail("AUTH_TOKENS: %v", err)
 	} else {
@@ -173,5 +177,8 @@ func (c Config) print(w io.Writer) {
 		c.Relay.Enabled, c.Relay.BatchSize, c.Relay.Lease, c.Relay.PollInterval, c.Relay.BackoffBase, c.Relay.BackoffCap,
 		c.Relay.DrainTimeout, c.Relay.Source, c.Relay.MetricsAddr)
 	c.Ops.print(w)
+	if c.Tokens != nil {
+		c.Console.print(w)
+	}
 	fmt.Fprintf(w, "config: LOG_LEVEL=%s DEBUG_ADDR=%s\n", envconfig.LevelName(c.LogLevel), c.DebugAddr)
 }

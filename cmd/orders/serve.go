@@ -222,23 +222,26 @@ func runServe(ctx context.Context, getenv func(string) string, stdout io.Writer)
 	if err != nil {
 		return err
 	}
+	api := ordersapi.New(ordersapi.Config{
+		Service: svc,
+		Tokens:  cfg.Tokens,
+		Log:     log,
+		Ready: func(ctx context.Context) error {
+			if err := pool.Ping(ctx); err != nil {
+				return err
+			}
+			return schemaCheck.Check(ctx)
+		},
+		// The broker's state is shown, never used for readiness (O3).
+		Info:    func() map[string]string { return map[string]string{"broker": brokerState()} },
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		Admin:   ops.handler,
+	})
 	srv := &http.Server{
 		Addr: cfg.HTTPAddr,
-		Handler: ordersapi.New(ordersapi.Config{
-			Service: svc,
-			Tokens:  cfg.Tokens,
-			Log:     log,
-			Ready: func(ctx context.Context) error {
-				if err := pool.Ping(ctx); err != nil {
-					return err
-				}
-				return schemaCheck.Check(ctx)
-			},
-			// The broker's state is shown, never used for readiness (O3).
-			Info:    func() map[string]string { return map[string]string{"broker": brokerState()} },
-			Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-			Admin:   ops.handler,
-		}),
+		// The operator console (/console) shares the operations with the
+		// admin API: the same Admin, replay policy and producer.
+		Handler:           withConsole(api, newConsole(opsCtx, cfg, cfg.Tokens, ops, log)),
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       15 * time.Second,
 		WriteTimeout:      15 * time.Second,

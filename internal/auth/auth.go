@@ -24,7 +24,19 @@ const (
 	RoleAdmin Role = "admin"
 	// RoleService reads any order, for the notifier's resynchronisation.
 	RoleService Role = "service"
+	// RoleViewer is an operator who looks and changes nothing: it reads
+	// the operator console's pages and the admin API's reports, and is
+	// refused every write there and the whole order API.
+	RoleViewer Role = "viewer"
 )
+
+// CanWrite reports whether the role may use the operations' writes
+// (repair, resume, replay, resolve): only an admin may.
+func (r Role) CanWrite() bool { return r == RoleAdmin }
+
+// IsOperator reports whether the role may read the operations: an admin
+// or a viewer.
+func (r Role) IsOperator() bool { return r == RoleAdmin || r == RoleViewer }
 
 // Principal is the authenticated caller.
 type Principal struct {
@@ -52,9 +64,9 @@ func ParseTokens(spec string) (*Tokens, error) {
 			return nil, fmt.Errorf("entry %d: want token=subject:role", i+1)
 		}
 		switch Role(role) {
-		case RoleCustomer, RoleAdmin, RoleService:
+		case RoleCustomer, RoleAdmin, RoleService, RoleViewer:
 		default:
-			return nil, fmt.Errorf("entry %d (subject %q): unknown role %q (want customer, admin or service)", i+1, subject, role)
+			return nil, fmt.Errorf("entry %d (subject %q): unknown role %q (want customer, admin, service or viewer)", i+1, subject, role)
 		}
 		d := sha256.Sum256([]byte(token))
 		if _, dup := t.byDigest[d]; dup {
@@ -87,7 +99,17 @@ func (t *Tokens) Authenticate(header string) (Principal, bool) {
 	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" {
 		return Principal{}, false
 	}
-	p, ok := t.byDigest[sha256.Sum256([]byte(strings.TrimSpace(token)))]
+	return t.Lookup(token)
+}
+
+// Lookup returns the principal of a raw token, such as one typed into a
+// sign-in form.
+func (t *Tokens) Lookup(token string) (Principal, bool) {
+	token = strings.TrimSpace(token)
+	if token == "" {
+		return Principal{}, false
+	}
+	p, ok := t.byDigest[sha256.Sum256([]byte(token))]
 	return p, ok
 }
 

@@ -58,3 +58,21 @@ func TestAuthenticate(t *testing.T) {
 	require.Equal(t, http.StatusOK, rec.Code)
 	require.Equal(t, "alice", seen.Subject)
 }
+
+func TestViewerRole(t *testing.T) {
+	t.Parallel()
+	tokens, err := auth.ParseTokens("dev-view=vera:viewer,dev-ops=ops:admin")
+	require.NoError(t, err)
+	p, ok := tokens.Lookup(" dev-view ")
+	require.True(t, ok)
+	require.Equal(t, auth.Principal{Subject: "vera", Role: auth.RoleViewer}, p)
+	require.True(t, p.Role.IsOperator())
+	require.False(t, p.Role.CanWrite(), "a viewer changes nothing")
+	require.True(t, auth.RoleAdmin.CanWrite())
+	for _, r := range []auth.Role{auth.RoleCustomer, auth.RoleService} {
+		require.False(t, r.IsOperator(), r)
+		require.False(t, r.CanWrite(), r)
+	}
+	_, ok = tokens.Lookup("")
+	require.False(t, ok, "an empty token signs nobody in")
+}

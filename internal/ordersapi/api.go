@@ -105,13 +105,15 @@ func New(cfg Config) http.Handler {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="orders"`)
 			problem.Write(w, problem.Problem{Status: http.StatusUnauthorized, Detail: "a valid bearer token is required"})
 		}))
-		r.Post("/orders", a.createOrder)
-		r.Get("/orders", a.listOrders)
-		r.Get("/orders/{id}", a.getOrder)
-		r.Get("/orders/{id}/events", a.getOrderEvents)
-		r.Post("/orders/{id}/pay", a.payOrder)
-		r.Post("/orders/{id}/cancel", a.cancelOrder)
-		r.Post("/orders/{id}/ship", a.shipOrder)
+		r.With(refuseViewer).Group(func(r chi.Router) {
+			r.Post("/orders", a.createOrder)
+			r.Get("/orders", a.listOrders)
+			r.Get("/orders/{id}", a.getOrder)
+			r.Get("/orders/{id}/events", a.getOrderEvents)
+			r.Post("/orders/{id}/pay", a.payOrder)
+			r.Post("/orders/{id}/cancel", a.cancelOrder)
+			r.Post("/orders/{id}/ship", a.shipOrder)
+		})
 		if cfg.Admin != nil {
 			r.With(requireAdmin).Mount("/admin", http.StripPrefix("/admin", cfg.Admin))
 		}

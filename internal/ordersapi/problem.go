@@ -35,11 +35,28 @@ func fieldErrors(fe []orders.FieldError) []problem.FieldError {
 	return out
 }
 
-// requireAdmin answers 403 to any caller without the admin role.
+// requireAdmin answers 403 to any caller without the admin role, except a
+// viewer's read (GET): a viewer sees the operations' reports and changes
+// nothing.
 func requireAdmin(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p, ok := auth.FromContext(r.Context()); !ok || p.Role != auth.RoleAdmin {
-			problem.Write(w, problem.Problem{Status: http.StatusForbidden, Detail: "the admin API needs the admin role"})
+		p, ok := auth.FromContext(r.Context())
+		read := r.Method == http.MethodGet || r.Method == http.MethodHead
+		if !ok || !(p.Role.CanWrite() || (p.Role == auth.RoleViewer && read)) {
+			problem.Write(w, problem.Problem{Status: http.StatusForbidden, Detail: "the admin API needs the admin role (the viewer role reads only)"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// refuseViewer answers 403 to a viewer: the order API is for customers,
+// admins and the notifier, and a viewer's subject must never read as a
+// customer's.
+func refuseViewer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p, _ := auth.FromContext(r.Context()); p.Role == auth.RoleViewer {
+			problem.Write(w, problem.Problem{Status: http.StatusForbidden, Detail: "the viewer role reads the operations only"})
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -228,12 +228,10 @@ func (h *adminHandler) run(w http.ResponseWriter, r *http.Request) {
 		h.reply(w, r, 0, nil, fmt.Errorf("replay producer: %w", err))
 		return
 	}
-	owner, err := h.a.startRun(r.Context(), id, h.cfg.Policy, actor, false)
-	if err != nil {
+	if err := h.a.StartReplay(r.Context(), h.cfg.Background, id, target, h.cfg.Policy, actor, h.cfg.Log); err != nil {
 		h.reply(w, r, 0, nil, err)
 		return
 	}
-	h.a.runInBackground(h.cfg.Background, id, owner, target, h.cfg.Policy, h.cfg.Log.With("actor", actor.Subject))
 	p, err := h.a.ReplayPlan(r.Context(), id, h.cfg.Policy)
 	h.reply(w, r, http.StatusAccepted, p, err)
 }

@@ -187,3 +187,58 @@ WHERE plan_id = @plan_id AND event_id = @event_id AND state = 'planned'
   AND EXISTS (SELECT 1 FROM outbox_replay_plan p
               WHERE p.id = @plan_id AND p.status = 'running' AND p.run_owner = @run_owner::text
               FOR SHARE);
+
+-- name: GroupParkedRows :many
+-- Every parked event's identity and failure, for the failure groups. The
+-- fingerprint is computed in Go (groups.go), one rule for the list and the
+-- bulk actions. Reads only parked rows.
+SELECT event_id, event_type, created_at, last_error_class, last_error
+FROM outbox
+WHERE state = 'parked'
+ORDER BY created_at, event_id;
+
+-- name: GroupParkedLock :many
+-- The parked rows among a batch of ids, locked for a bulk resume, which
+-- checks each is still in its group before releasing it.
+SELECT * FROM outbox
+WHERE state = 'parked' AND event_id = ANY (@event_ids::uuid[])
+ORDER BY event_id
+FOR UPDATE;
+
+-- name: AuditList :many
+-- The audit trail, newest first, narrowed by actor, target and time.
+SELECT * FROM outbox_audit
+WHERE (sqlc.narg('actor')::text IS NULL OR actor = sqlc.narg('actor'))
+  AND (sqlc.narg('target')::text IS NULL OR target = sqlc.narg('target'))
+  AND (sqlc.narg('from_at')::timestamptz IS NULL OR at >= sqlc.narg('from_at'))
+  AND (sqlc.narg('to_at')::timestamptz IS NULL OR at < sqlc.narg('to_at'))
+ORDER BY at DESC, id DESC
+LIMIT @row_limit;
+
+-- name: EventsByTrace :many
+-- Events written inside one trace: the traceparent's trace id is its
+-- second field ("00-<trace id>-<span id>-<flags>").
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+       created_at, attempts, last_error_class, last_error
+FROM outbox
+WHERE traceparent LIKE '00-' || @trace_id::text || '-%'
+ORDER BY created_at, event_id
+LIMIT 100;
+
+-- name: EventsByAggregate :many
+-- Events of one aggregate still in the outbox, in version order.
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+       created_at, attempts, last_error_class, last_error, state
+FROM outbox
+WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
+ORDER BY aggregate_version;
+
+-- name: RelayActivity :many
+-- What the outbox table says about its relays, without a table of their
+-- own: each lease owner holding rows now, with when its lease ends.
+SELECT lease_owner::text AS owner, count(*)::bigint AS leased, max(lease_expires_at)::timestamptz AS lease_expires_at
+FROM outbox
+WHERE state = 'pending' AND lease_owner IS NOT NULL AND lease_expires_at > now()
+GROUP BY lease_owner
+ORDER BY lease_owner;
+

@@ -520,6 +520,308 @@ func (q *Queries) AuditInsert(ctx context.Context, arg AuditInsertParams) error 
 	return err
 }
 
+const auditList = `-- name: AuditList :many
+SELECT id, at, actor, action, target, reason, before_sha256, after_sha256, detail FROM outbox_audit
+WHERE ($1::text IS NULL OR actor = $1)
+  AND ($2::text IS NULL OR target = $2)
+  AND ($3::timestamptz IS NULL OR at >= $3)
+  AND ($4::timestamptz IS NULL OR at < $4)
+ORDER BY at DESC, id DESC
+LIMIT $5
+`
+
+type AuditListParams struct {
+	Actor    *string
+	Target   *string
+	FromAt   *time.Time
+	ToAt     *time.Time
+	RowLimit int32
+}
+
+// The audit trail, newest first, narrowed by actor, target and time.
+func (q *Queries) AuditList(ctx context.Context, arg AuditListParams) ([]OutboxAudit, error) {
+	rows, err := q.db.Query(ctx, auditList,
+		arg.Actor,
+		arg.Target,
+		arg.FromAt,
+		arg.ToAt,
+		arg.RowLimit,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []OutboxAudit{}
+	for rows.Next() {
+		var i OutboxAudit
+		if err := rows.Scan(
+			&i.ID,
+			&i.At,
+			&i.Actor,
+			&i.Action,
+			&i.Target,
+			&i.Reason,
+			&i.BeforeSha256,
+			&i.AfterSha256,
+			&i.Detail,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const eventsByAggregate = `-- name: EventsByAggregate :many
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+       created_at, attempts, last_error_class, last_error, state
+FROM outbox
+WHERE aggregate_type = $1 AND aggregate_id = $2
+ORDER BY aggregate_version
+`
+
+type EventsByAggregateParams struct {
+	AggregateType string
+	AggregateID   string
+}
+
+type EventsByAggregateRow struct {
+	EventID          uuid.UUID
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	SchemaVersion    int32
+	CreatedAt        time.Time
+	Attempts         int32
+	LastErrorClass   *string
+	LastError        *string
+	State            string
+}
+
+// Events of one aggregate still in the outbox, in version order.
+func (q *Queries) EventsByAggregate(ctx context.Context, arg EventsByAggregateParams) ([]EventsByAggregateRow, error) {
+	rows, err := q.db.Query(ctx, eventsByAggregate, arg.AggregateType, arg.AggregateID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []EventsByAggregateRow{}
+	for rows.Next() {
+		var i EventsByAggregateRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateVersion,
+			&i.EventType,
+			&i.SchemaVersion,
+			&i.CreatedAt,
+			&i.Attempts,
+			&i.LastErrorClass,
+			&i.LastError,
+			&i.State,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const eventsByTrace = `-- name: EventsByTrace :many
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
+       created_at, attempts, last_error_class, last_error
+FROM outbox
+WHERE traceparent LIKE '00-' || $1::text || '-%'
+ORDER BY created_at, event_id
+LIMIT 100
+`
+
+type EventsByTraceRow struct {
+	EventID          uuid.UUID
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	SchemaVersion    int32
+	CreatedAt        time.Time
+	Attempts         int32
+	LastErrorClass   *string
+	LastError        *string
+}
+
+// Events written inside one trace: the traceparent's trace id is its
+// second field ("00-<trace id>-<span id>-<flags>").
+func (q *Queries) EventsByTrace(ctx context.Context, traceID string) ([]EventsByTraceRow, error) {
+	rows, err := q.db.Query(ctx, eventsByTrace, traceID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []EventsByTraceRow{}
+	for rows.Next() {
+		var i EventsByTraceRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateVersion,
+			&i.EventType,
+			&i.SchemaVersion,
+			&i.CreatedAt,
+			&i.Attempts,
+			&i.LastErrorClass,
+			&i.LastError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const groupParkedLock = `-- name: GroupParkedLock :many
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode FROM outbox
+WHERE state = 'parked' AND event_id = ANY ($1::uuid[])
+ORDER BY event_id
+FOR UPDATE
+`
+
+// The parked rows among a batch of ids, locked for a bulk resume, which
+// checks each is still in its group before releasing it.
+func (q *Queries) GroupParkedLock(ctx context.Context, eventIds []uuid.UUID) ([]Outbox, error) {
+	rows, err := q.db.Query(ctx, groupParkedLock, eventIds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Outbox{}
+	for rows.Next() {
+		var i Outbox
+		if err := rows.Scan(
+			&i.EventID,
+			&i.AggregateType,
+			&i.AggregateID,
+			&i.AggregateVersion,
+			&i.EventType,
+			&i.SchemaVersion,
+			&i.Payload,
+			&i.Traceparent,
+			&i.CreatedAt,
+			&i.State,
+			&i.LeaseOwner,
+			&i.LeaseToken,
+			&i.LeaseExpiresAt,
+			&i.Attempts,
+			&i.NextAttemptAt,
+			&i.LastErrorClass,
+			&i.LastError,
+			&i.BrokerPartition,
+			&i.BrokerOffset,
+			&i.DeliveredAt,
+			&i.Tracestate,
+			&i.PublishMode,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const groupParkedRows = `-- name: GroupParkedRows :many
+SELECT event_id, event_type, created_at, last_error_class, last_error
+FROM outbox
+WHERE state = 'parked'
+ORDER BY created_at, event_id
+`
+
+type GroupParkedRowsRow struct {
+	EventID        uuid.UUID
+	EventType      string
+	CreatedAt      time.Time
+	LastErrorClass *string
+	LastError      *string
+}
+
+// Every parked event's identity and failure, for the failure groups. The
+// fingerprint is computed in Go (groups.go), one rule for the list and the
+// bulk actions. Reads only parked rows.
+func (q *Queries) GroupParkedRows(ctx context.Context) ([]GroupParkedRowsRow, error) {
+	rows, err := q.db.Query(ctx, groupParkedRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []GroupParkedRowsRow{}
+	for rows.Next() {
+		var i GroupParkedRowsRow
+		if err := rows.Scan(
+			&i.EventID,
+			&i.EventType,
+			&i.CreatedAt,
+			&i.LastErrorClass,
+			&i.LastError,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const relayActivity = `-- name: RelayActivity :many
+SELECT lease_owner::text AS owner, count(*)::bigint AS leased, max(lease_expires_at)::timestamptz AS lease_expires_at
+FROM outbox
+WHERE state = 'pending' AND lease_owner IS NOT NULL AND lease_expires_at > now()
+GROUP BY lease_owner
+ORDER BY lease_owner
+`
+
+type RelayActivityRow struct {
+	Owner          string
+	Leased         int64
+	LeaseExpiresAt time.Time
+}
+
+// What the outbox table says about its relays, without a table of their
+// own: each lease owner holding rows now, with when its lease ends.
+func (q *Queries) RelayActivity(ctx context.Context) ([]RelayActivityRow, error) {
+	rows, err := q.db.Query(ctx, relayActivity)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []RelayActivityRow{}
+	for rows.Next() {
+		var i RelayActivityRow
+		if err := rows.Scan(&i.Owner, &i.Leased, &i.LeaseExpiresAt); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const replayEventsByIDs = `-- name: ReplayEventsByIDs :many
 SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
        payload, traceparent, created_at, state
