@@ -163,6 +163,7 @@ type Relay struct {
 	log        *slog.Logger
 	tracer     trace.Tracer
 	hooks      hooks // crash points; set only by the package's tests
+	own        ownership
 
 	nudge   chan struct{}
 	started atomic.Bool
@@ -349,6 +350,9 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	for {
 		select {
 		case <-ctx.Done():
+			// Every batch is settled (drain returns only then): the
+			// partitions can go to the other relays at once (R9).
+			r.giveBackAll(ctx)
 			r.log.InfoContext(context.WithoutCancel(ctx), "outbox relay stopped")
 			return nil
 		case <-wait.C:
@@ -357,7 +361,14 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		if ctx.Err() != nil {
 			continue // stop claiming; the select above returns
 		}
-		again, err := r.drain(ctx, cl)
+		var err error
+		if r.own.due(time.Now()) {
+			err = r.maintain(ctx)
+		}
+		again := false
+		if err == nil {
+			again, err = r.drain(ctx, cl)
+		}
 		var he *hookError
 		if errors.As(err, &he) {
 			crashed = true
@@ -382,19 +393,20 @@ type leased struct {
 	mode        string // the publish mode the row was written in (O7)
 }
 
-// drain claims a batch and delivers it, and goes on while the batches come
-// back full, which means a backlog. It returns whether to claim again at
-// once rather than after the poll interval.
+// drain reads a batch and delivers it, and goes on while the batches come
+// back full, which means a backlog. It returns whether to read again at
+// once rather than after the poll interval. It returns once nothing is in
+// flight, at the latest when the partitions' upkeep (maintain) is due.
 //
-// Under a backlog the next batch is claimed while the previous one is with
+// Under a backlog the next batch is read while the previous one is with
 // the broker, so the database and the broker work at the same time instead
 // of taking turns; a batch's delivery still starts only once the previous
-// one is settled. At most two batches are leased at a time, and strict
-// order holds without any further care: the claim of the next batch sees
-// the rows in flight as leased, hence undelivered, and the strict guard
-// keeps the later versions of their aggregates out of it. Those versions
-// wait for a claim made after the confirm, which is why a claim that ran
-// beside a delivery asks to be followed at once by another.
+// one is settled. At most two batches are in flight at a time, and strict
+// order holds without any further care: the read of the next batch skips
+// the rows in flight, and sees them as pending, hence undelivered, so the
+// strict guard keeps the later versions of their aggregates out of it.
+// Those versions wait for a read made after the confirm, which is why a
+// read that ran beside a delivery asks to be followed at once by another.
 //
 // The batch claimed ahead keeps the produce deadline of its own claim
 // (R5a), so the time it waits for the previous batch comes out of its
@@ -404,8 +416,8 @@ type leased struct {
 // inside the deadline.
 func (r *Relay) drain(ctx context.Context, cl *kgo.Client) (again bool, err error) {
 	start := time.Now()
-	batch, n, err := r.prepare(ctx)
-	overlapped := false // the claim ran while a batch was being delivered
+	batch, n, err := r.prepare(ctx, nil)
+	overlapped := false // the read ran while a batch was being delivered
 	for {
 		if err != nil {
 			return false, err
@@ -413,33 +425,35 @@ func (r *Relay) drain(ctx context.Context, cl *kgo.Client) (again bool, err erro
 		if n == 0 {
 			return overlapped, nil
 		}
-		if n < r.cfg.BatchSize || ctx.Err() != nil {
-			// No backlog (or stopping): deliver this batch alone.
-			return overlapped, r.deliver(ctx, cl, start, batch)
+		if n < r.cfg.BatchSize || ctx.Err() != nil || r.own.due(time.Now()) {
+			// No backlog, stopping, or the partitions' upkeep is due:
+			// deliver this batch alone. After a full batch, read again
+			// at once.
+			return overlapped || n == r.cfg.BatchSize, r.deliver(ctx, cl, start, batch)
 		}
 		delivered := make(chan error, 1)
 		go func(start time.Time, batch []leased) {
 			delivered <- r.deliver(ctx, cl, start, batch)
 		}(start, batch)
 		start = time.Now()
-		batch, n, err = r.prepare(ctx)
+		inFlight := batch
+		batch, n, err = r.prepare(ctx, inFlight)
 		overlapped = true
 		if derr := <-delivered; derr != nil {
 			var he *hookError
 			if errors.As(derr, &he) {
-				return false, derr // a simulated crash: the next batch stays leased, as it would
+				return false, derr // a simulated crash: the next batch is left unsent, as it would be
 			}
-			// The batch claimed meanwhile is delivered all the same: its
-			// rows would otherwise wait for their lease to expire.
+			// The batch read meanwhile is delivered all the same.
 			r.log.ErrorContext(ctx, "outbox relay cycle failed", "error", derr)
 		}
 	}
 }
 
-// prepare claims one batch and settles its shadow rows (O7). It returns
-// the rows to send and how many rows it claimed.
-func (r *Relay) prepare(ctx context.Context) (batch []leased, n int, err error) {
-	batch, err = r.claim(ctx)
+// prepare reads one batch, skipping the rows of inFlight, and settles its
+// shadow rows (O7). It returns the rows to send and how many rows it read.
+func (r *Relay) prepare(ctx context.Context, inFlight []leased) (batch []leased, n int, err error) {
+	batch, err = r.claim(ctx, inFlight)
 	r.rounds.Add(1)
 	if err != nil || len(batch) == 0 {
 		return nil, 0, err
@@ -474,7 +488,7 @@ func (r *Relay) deliver(ctx context.Context, cl *kgo.Client, start time.Time, ba
 	// what hands the rows over to a successor.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
-	confirmed, err := r.settle(sctx, batch[0].LeaseToken, outcomes)
+	confirmed, err := r.settle(sctx, fenceOf(claimsOf(batch)), outcomes)
 	if err != nil {
 		return err
 	}
@@ -501,11 +515,11 @@ func (r *Relay) shadow(ctx context.Context, batch []leased) ([]leased, error) {
 	defer cancel()
 	outs, err := r.compareShadow(sctx, shadows)
 	if err == nil {
-		err = r.settleShadow(sctx, shadows[0].LeaseToken, outs)
+		err = r.settleShadow(sctx, outs)
 	}
 	if err != nil {
-		// The shadow rows stay leased and are compared again once the lease
-		// expires; the others are sent now.
+		// The shadow rows stay pending and are compared again at the
+		// next read; the others are sent now.
 		r.log.ErrorContext(ctx, "outbox shadow comparison failed; retrying after the lease", "error", err, "events", len(shadows))
 	}
 	return rest, nil
