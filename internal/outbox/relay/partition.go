@@ -69,11 +69,12 @@ func (o *ownership) owned() []int32 {
 }
 
 // maintainEvery is how often the relay renews its leases and rebalances:
-// every poll interval, and at least four times per lease, so that a read
-// always starts with at least three quarters of the lease left, more than
-// the produce timeout (at most half of it).
+// every second (or poll interval, if longer), and at least four times per
+// lease, so that a read always starts with at least three quarters of the
+// lease left, more than the produce timeout (at most half of it). A relay
+// that starts or stops is thus balanced within about a second.
 func (r *Relay) maintainEvery() time.Duration {
-	return min(r.cfg.PollInterval, r.cfg.Lease/4)
+	return min(max(r.cfg.PollInterval, time.Second), r.cfg.Lease/4)
 }
 
 // maintain runs the relay's ownership in one short transaction (R1): it
