@@ -8,12 +8,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
-	"github.com/outboxref/orders/internal/outbox/internal/pgtx"
 )
 
 // claim reads up to BatchSize due rows of the partitions the relay owns
@@ -38,24 +35,16 @@ func (r *Relay) claim(ctx context.Context, inFlight []leased) ([]leased, error) 
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
-	var batch []leased
-	err := pgtx.Run(cctx, r.cfg.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(cctx, outboxdb.ClaimInIndexOrder); err != nil {
-			return err
-		}
-		rows, err := outboxdb.New(tx).OutboxRead(cctx, outboxdb.OutboxReadParams{
-			Partitions:       parts,
-			InFlight:         skip,
-			IndependentTypes: r.types.Independent(),
-			BatchSize:        int32(r.cfg.BatchSize),
-		})
-		batch = readBatch(rows, epochs)
-		return err
+	rows, err := outboxdb.OutboxReadInIndexOrder(cctx, r.cfg.Pool, outboxdb.OutboxReadParams{
+		Partitions:       parts,
+		InFlight:         skip,
+		IndependentTypes: r.types.Independent(),
+		BatchSize:        int32(r.cfg.BatchSize),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read outbox batch: %w", err)
 	}
-	return batch, nil
+	return readBatch(rows, epochs), nil
 }
 
 // readBatch turns the rows a read returned, in read order, into the batch
@@ -135,11 +124,23 @@ func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome) ([]clai
 	}()
 	if len(confirm.EventIDs) > 0 {
 		var ids []uuid.UUID
-		err := retrySafe(ctx, func() error {
-			return inRelayTx(ctx, r.cfg.Pool, func(tx pgx.Tx) (err error) {
-				ids, err = outboxdb.New(tx).OutboxConfirm(ctx, confirm)
-				return err
-			})
+		// The confirm commits without waiting for its WAL record to reach
+		// the disk (synchronous_commit = off, for its transaction only,
+		// which also skips waiting for synchronous standbys). Waiting for
+		// the flush is most of the time this short statement takes, and what a database crash or a
+		// failover can lose by not waiting is harmless here: the confirms of the
+		// final fraction of a second. A lost confirm leaves its rows pending, and
+		// the partition's owner sends them again with the same event_id, a
+		// duplicate that consumers absorb, and never a loss. Order holds too: the
+		// WAL is written in order, so a confirm that survived the crash implies
+		// that every confirm committed before it survived too, and a later version
+		// is never left delivered while the earlier one's delivery was forgotten.
+		// The taking of partitions commits durably (see maintain), and the
+		// business transaction that writes the rows keeps the server's setting:
+		// an event that was acknowledged to the caller must not vanish.
+		err := retrySafe(ctx, func() (err error) {
+			ids, err = outboxdb.OutboxConfirmRelaxed(ctx, r.cfg.Pool, confirm)
+			return err
 		})
 		if err != nil {
 			// The rows stay pending and are read and sent again: a
@@ -240,30 +241,6 @@ func outcomeAttrs(o *outcome) []any {
 		attrs = append(attrs, "partition", o.Partition, "offset", o.Offset)
 	}
 	return attrs
-}
-
-// inRelayTx is pgtx.Run for the relay's confirm and release transactions,
-// which commit without waiting for their WAL record to reach the disk
-// (synchronous_commit = off, for this transaction only, which also skips
-// waiting for synchronous standbys). Waiting for the flush is most of the
-// time these short statements take, and what a database crash or a
-// failover can lose by not waiting is harmless here: the confirms of the
-// final fraction of a second. A lost confirm leaves its rows pending, and
-// the partition's owner sends them again with the same event_id, a
-// duplicate that consumers absorb, and never a loss. Order holds too: the
-// WAL is written in order, so a confirm that survived the crash implies
-// that every confirm committed before it survived too, and a later version
-// is never left delivered while the earlier one's delivery was forgotten.
-// The taking of partitions commits durably (see maintain), and the
-// business transaction that writes the rows keeps the server's setting:
-// an event that was acknowledged to the caller must not vanish.
-func inRelayTx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
-	return pgtx.Run(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
-			return fmt.Errorf("relax commit durability of the relay transaction: %w", err)
-		}
-		return fn(tx)
-	})
 }
 
 // retrySafe runs fn up to three times, but retries only errors that pgx
