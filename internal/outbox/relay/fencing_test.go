@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 	"github.com/outboxref/orders/internal/outbox/relay"
 )
 
@@ -181,4 +183,59 @@ func TestFencingRelease(t *testing.T) {
 	r = e.Row(t, ev.ID)
 	require.Equal(t, "delivered", r.State)
 	require.Len(t, e.ReadAll(t), 1, "only the successor's send reached the broker")
+}
+
+// TestFenceSerializesWithTakeover: the confirm's fence cannot be raced
+// (R2). A takeover of the row's partition is under way (its update of the
+// lease row not yet committed) when the old owner's confirm runs. The
+// confirm waits for it, then sees the new owner and epoch and matches
+// nothing. Were the lease rows not locked by the confirm, it would read
+// the epoch committed before the takeover, mark the row delivered, and the
+// new owner would then read a row its predecessor had confirmed under its
+// feet.
+func TestFenceSerializesWithTakeover(t *testing.T) {
+	t.Parallel()
+	e := setup(t)
+	ev := e.Insert(t, event("raced", 1))[0]
+	ctx := context.Background()
+	q := outboxdb.New(e.DB.Pool)
+	_, err := q.RelayPartitionsAcquire(ctx, outboxdb.RelayPartitionsAcquireParams{Owner: "old", LeaseSeconds: 60, MaxPartitions: 16})
+	require.NoError(t, err)
+	var part int32
+	var epoch int64
+	require.NoError(t, e.DB.Pool.QueryRow(ctx, `
+		SELECT p.partition, p.epoch FROM outbox o JOIN outbox_relay_partition p ON p.partition = o.relay_partition
+		WHERE o.event_id = $1`, ev.ID).Scan(&part, &epoch))
+
+	takeover, err := e.DB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer takeover.Rollback(ctx) //nolint:errcheck // no-op after commit
+	_, err = takeover.Exec(ctx, "UPDATE outbox_relay_partition SET owner = 'new', epoch = epoch + 1 WHERE partition = $1", part)
+	require.NoError(t, err)
+
+	type result struct {
+		ids []uuid.UUID
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		ids, err := q.OutboxConfirm(ctx, outboxdb.OutboxConfirmParams{
+			EventIDs: []uuid.UUID{ev.ID}, Partitions: []int32{0}, Offsets: []int64{1},
+			FencePartitions: []int32{part}, FenceEpochs: []int64{epoch}, Owner: "old",
+		})
+		done <- result{ids, err}
+	}()
+	require.Eventually(t, func() bool {
+		var waiting int
+		require.NoError(t, e.DB.Pool.QueryRow(ctx, `
+			SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%name: OutboxConfirm%'`).Scan(&waiting))
+		return waiting == 1
+	}, 5*time.Second, 10*time.Millisecond, "the confirm waits for the takeover")
+	require.NoError(t, takeover.Commit(ctx))
+
+	res := recv(t, done, "the confirm")
+	require.NoError(t, res.err)
+	require.Empty(t, res.ids, "the confirm saw the new epoch and matched nothing")
+	require.Equal(t, "pending", e.Row(t, ev.ID).State)
 }
