@@ -7,14 +7,20 @@
 -- name: RelayHeartbeat :one
 -- Records that the relay is alive until now + lease, forgets relays whose
 -- heartbeat has expired, and returns how many relays are alive (this one
--- included) and how many partitions there are.
+-- included) and how many partitions there are. The forgetting skips rows
+-- another transaction holds: two relays whose heartbeats both expired
+-- (a long database outage) would otherwise each wait for the other's
+-- heartbeat row, a deadlock.
 WITH beat AS (
     INSERT INTO outbox_relay (owner, expires_at)
     VALUES (@owner::text, now() + make_interval(secs => @lease_seconds::double precision))
     ON CONFLICT (owner) DO UPDATE SET expires_at = excluded.expires_at
 ), gone AS (
     DELETE FROM outbox_relay
-    WHERE expires_at <= now() AND owner <> @owner::text
+    WHERE owner IN (SELECT r.owner
+                    FROM outbox_relay r
+                    WHERE r.expires_at <= now() AND r.owner <> @owner::text
+                    FOR UPDATE SKIP LOCKED)
 )
 SELECT (SELECT count(*) FROM outbox_relay r WHERE r.expires_at > now() AND r.owner <> @owner::text)::integer + 1 AS live,
        (SELECT count(*) FROM outbox_relay_partition)::integer AS partitions;

@@ -17,7 +17,10 @@ WITH beat AS (
     ON CONFLICT (owner) DO UPDATE SET expires_at = excluded.expires_at
 ), gone AS (
     DELETE FROM outbox_relay
-    WHERE expires_at <= now() AND owner <> $1::text
+    WHERE owner IN (SELECT r.owner
+                    FROM outbox_relay r
+                    WHERE r.expires_at <= now() AND r.owner <> $1::text
+                    FOR UPDATE SKIP LOCKED)
 )
 SELECT (SELECT count(*) FROM outbox_relay r WHERE r.expires_at > now() AND r.owner <> $1::text)::integer + 1 AS live,
        (SELECT count(*) FROM outbox_relay_partition)::integer AS partitions
@@ -40,7 +43,10 @@ type RelayHeartbeatRow struct {
 // it. See migration 00008 for the tables.
 // Records that the relay is alive until now + lease, forgets relays whose
 // heartbeat has expired, and returns how many relays are alive (this one
-// included) and how many partitions there are.
+// included) and how many partitions there are. The forgetting skips rows
+// another transaction holds: two relays whose heartbeats both expired
+// (a long database outage) would otherwise each wait for the other's
+// heartbeat row, a deadlock.
 func (q *Queries) RelayHeartbeat(ctx context.Context, arg RelayHeartbeatParams) (RelayHeartbeatRow, error) {
 	row := q.db.QueryRow(ctx, relayHeartbeat, arg.Owner, arg.LeaseSeconds)
 	var i RelayHeartbeatRow
