@@ -22,8 +22,9 @@ import (
 // relay without failpoints takes over. A notifier consumes throughout.
 // during, if set, runs before the dying relay starts and returns what
 // undoes it once that relay is dead. relayWindow returns how many times
-// each event is on the topic and the events the dead relay held leased.
-func relayWindow(t *testing.T, failpoint string, during func(c *chain) (undo func())) (copies map[uuid.UUID]int, leased map[uuid.UUID]bool) {
+// each event is on the topic, the events the dead relay had sent and not
+// confirmed, and how many partitions it still held when it died.
+func relayWindow(t *testing.T, failpoint string, during func(c *chain) (undo func())) (copies map[uuid.UUID]int, leased map[uuid.UUID]bool, held int) {
 	t.Helper()
 	c := newChain(t, map[string]string{"RELAY_ENABLED": "false"})
 	notifier := start(t, "notifier", c.notifierEnv(nil), "serve")
@@ -44,6 +45,7 @@ func relayWindow(t *testing.T, failpoint string, during func(c *chain) (undo fun
 	waitKilled(t, dying)
 	undo()
 	leased = leasedRows(t, c)
+	held = heldPartitions(t, c)
 
 	successor := start(t, "orders", relayEnv, "relay")
 	_ = successor
@@ -58,9 +60,9 @@ func relayWindow(t *testing.T, failpoint string, during func(c *chain) (undo fun
 	for _, rec := range readTopic(t, c.broker, want) {
 		copies[uuid.MustParse(rec.headers["ce_id"])]++
 	}
-	t.Logf("%s: %d events, %d leased by the dead relay, %d records on the topic, %v duplicates absorbed by the notifier",
-		failpoint, len(want), len(leased), sum(copies), metricSum(t, "http://"+c.notifierAddr+"/metrics", "inbox_duplicates_total"))
-	return copies, leased
+	t.Logf("%s: %d events, %d in flight in the dead relay, %d partitions held by it, %d records on the topic, %v duplicates absorbed by the notifier",
+		failpoint, len(want), len(leased), held, sum(copies), metricSum(t, "http://"+c.notifierAddr+"/metrics", "inbox_duplicates_total"))
+	return copies, leased, held
 }
 
 func sum(m map[uuid.UUID]int) int {
@@ -71,19 +73,39 @@ func sum(m map[uuid.UUID]int) int {
 	return n
 }
 
-// leasedRows lists the rows leased right after the kill: the dead relay's
-// claim (no live relay runs at that moment).
+// leasedRows lists the rows a relay had in flight when it died or froze
+// (no other relay runs at that moment): sent, since they are on the topic,
+// and not confirmed, since they are still pending. The relay writes
+// nothing on a row before its confirm, so the topic is where they show.
 func leasedRows(t *testing.T, c *chain) map[uuid.UUID]bool {
 	t.Helper()
-	rows, err := c.odb.Pool.Query(context.Background(), "SELECT event_id FROM outbox WHERE lease_owner IS NOT NULL")
+	rows, err := c.odb.Pool.Query(context.Background(), "SELECT event_id FROM outbox WHERE state = 'pending'")
 	require.NoError(t, err)
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	pending, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 	require.NoError(t, err)
+	sent := map[uuid.UUID]bool{}
+	for _, rec := range readTopicToEnd(t, c.broker) {
+		if id, err := uuid.Parse(rec.headers["ce_id"]); err == nil {
+			sent[id] = true
+		}
+	}
 	out := map[uuid.UUID]bool{}
-	for _, id := range ids {
-		out[id] = true
+	for _, id := range pending {
+		if sent[id] {
+			out[id] = true
+		}
 	}
 	return out
+}
+
+// heldPartitions counts the partitions of the aggregates that a relay owns
+// (no live relay runs at that moment, so the dead one's).
+func heldPartitions(t *testing.T, c *chain) int {
+	t.Helper()
+	var n int
+	require.NoError(t, c.odb.Pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM outbox_relay_partition WHERE owner IS NOT NULL").Scan(&n))
+	return n
 }
 
 // requireCopies checks each event is on the topic once, or twice for those
@@ -99,22 +121,25 @@ func requireCopies(t *testing.T, copies map[uuid.UUID]int, leased map[uuid.UUID]
 	}
 }
 
-// TestRelayKilledBeforeClaimCommit (window 1): the claim transaction never
-// commits; its rows are untouched and sent once by the successor.
+// TestRelayKilledBeforeClaimCommit (window 1): the transaction that takes
+// partitions for the relay never commits; the partitions stay free, the
+// rows untouched, and the successor takes them and sends each row once.
 func TestRelayKilledBeforeClaimCommit(t *testing.T) {
 	t.Parallel()
-	copies, leased := relayWindow(t, "relay/before-claim-commit=kill", nil)
-	require.Empty(t, leased, "the claim rolled back")
+	copies, leased, held := relayWindow(t, "relay/before-claim-commit=kill", nil)
+	require.Zero(t, held, "the taking of partitions rolled back")
+	require.Empty(t, leased)
 	requireCopies(t, copies, leased, 1)
 }
 
-// TestRelayKilledAfterClaim (window 2): the rows are leased to a dead
-// relay and nothing was sent; once the lease expires the successor sends
-// each once.
+// TestRelayKilledAfterClaim (window 2): the dead relay read a batch of its
+// partitions and sent nothing; once its partition leases expire the
+// successor takes them and sends each row once.
 func TestRelayKilledAfterClaim(t *testing.T) {
 	t.Parallel()
-	copies, leased := relayWindow(t, "relay/after-claim=kill", nil)
-	require.NotEmpty(t, leased, "the dead relay's leases outlive it")
+	copies, leased, held := relayWindow(t, "relay/after-claim=kill", nil)
+	require.NotZero(t, held, "the dead relay's partition leases outlive it")
+	require.Empty(t, leased, "nothing was sent")
 	requireCopies(t, copies, leased, 1)
 }
 
@@ -124,7 +149,7 @@ func TestRelayKilledAfterClaim(t *testing.T) {
 // the notifier absorbs the copies.
 func TestRelayKilledWhenStoredButAnswerLost(t *testing.T) {
 	t.Parallel()
-	copies, leased := relayWindow(t, "relay/after-produce=kill", func(c *chain) func() {
+	copies, leased, _ := relayWindow(t, "relay/after-produce=kill", func(c *chain) func() {
 		return c.kafka.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.RequestTimedOut, Count: -1}).Remove
 	})
 	require.NotEmpty(t, leased)
@@ -136,29 +161,29 @@ func TestRelayKilledWhenStoredButAnswerLost(t *testing.T) {
 // them again after the lease expires, with the same event_id.
 func TestRelayKilledAfterAckBeforeConfirm(t *testing.T) {
 	t.Parallel()
-	copies, leased := relayWindow(t, "relay/after-produce=kill", nil)
+	copies, leased, _ := relayWindow(t, "relay/after-produce=kill", nil)
 	require.NotEmpty(t, leased)
 	requireCopies(t, copies, leased, 2)
 }
 
 // TestRelayKilledAfterConfirm (window 5): the rows are delivered; nothing
-// is leased and the successor sends nothing of them again.
+// is in flight and the successor sends nothing of them again.
 func TestRelayKilledAfterConfirm(t *testing.T) {
 	t.Parallel()
-	copies, leased := relayWindow(t, "relay/after-confirm=kill", nil)
+	copies, leased, _ := relayWindow(t, "relay/after-confirm=kill", nil)
 	require.Empty(t, leased)
 	requireCopies(t, copies, leased, 1)
 }
 
 // TestStalledRelayIsFenced: a relay that stalls past its lease cannot
-// confirm rows another relay has claimed since (R2). Relay A sends the
-// first batch and freezes (SIGSTOP) before its confirm; its lease expires;
-// relay B claims the same rows, sends them again and freezes at the same
-// point. A resumes first: its confirm carries a stale lease token and
-// matches nothing. B resumes: its confirm matches, so each row records
-// where B's copy went, the later one on the topic. Without the token in
-// the confirm's condition, A would mark B's claim delivered with its own,
-// older, position.
+// confirm rows of partitions another relay has taken since (R2). Relay A
+// sends the first batch and freezes (SIGSTOP) before its confirm; its
+// partition leases expire; relay B takes the partitions under new epochs,
+// reads the same rows, sends them again and freezes at the same point. A
+// resumes first: its confirm carries the old epochs and matches nothing.
+// B resumes: its confirm matches, so each row records where B's copy went,
+// the later one on the topic. Without the epoch in the confirm's fence, A
+// would mark B's rows delivered with its own, older, position.
 func TestStalledRelayIsFenced(t *testing.T) {
 	t.Parallel()
 	c := newChain(t, map[string]string{"RELAY_ENABLED": "false"})
@@ -177,9 +202,9 @@ func TestStalledRelayIsFenced(t *testing.T) {
 	first := leasedRows(t, c)
 	require.NotEmpty(t, first)
 
-	b := start(t, "orders", stalling(), "relay") // claims once A's lease has expired
+	b := start(t, "orders", stalling(), "relay") // takes the partitions once A's leases have expired
 	require.Eventually(t, func() bool { return strings.Contains(b.out.String(), "relay/after-produce reached: SIGSTOP") },
-		30*time.Second, 20*time.Millisecond, "B claimed the expired leases, sent again and froze")
+		30*time.Second, 20*time.Millisecond, "B took the expired partitions, sent again and froze")
 
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
 	require.Eventually(t, func() bool { return strings.Contains(a.out.String(), "lease was lost") },

@@ -222,15 +222,20 @@ type EventDetail struct {
 	EventSummary
 	State string `json:"state"`
 	// PublishMode is the mode the event was written in (O7): who sent it.
-	PublishMode     string          `json:"publish_mode,omitempty"`
-	Payload         json.RawMessage `json:"payload,omitempty"`
-	Traceparent     string          `json:"traceparent,omitempty"`
-	NextAttemptAt   *time.Time      `json:"next_attempt_at,omitempty"`
-	LeaseOwner      string          `json:"lease_owner,omitempty"`
-	LeaseExpiresAt  *time.Time      `json:"lease_expires_at,omitempty"`
-	DeliveredAt     *time.Time      `json:"delivered_at,omitempty"`
-	BrokerPartition *int32          `json:"broker_partition,omitempty"`
-	BrokerOffset    *int64          `json:"broker_offset,omitempty"`
+	PublishMode   string          `json:"publish_mode,omitempty"`
+	Payload       json.RawMessage `json:"payload,omitempty"`
+	Traceparent   string          `json:"traceparent,omitempty"`
+	NextAttemptAt *time.Time      `json:"next_attempt_at,omitempty"`
+	// RelayPartition is the partition of the aggregates the event belongs
+	// to: the relay that owns it in outbox_relay_partition sends it.
+	RelayPartition *int32 `json:"relay_partition,omitempty"`
+	// LeaseOwner and LeaseExpiresAt are set only while a relay of the
+	// version before partition ownership holds the row (a rolling upgrade).
+	LeaseOwner      string     `json:"lease_owner,omitempty"`
+	LeaseExpiresAt  *time.Time `json:"lease_expires_at,omitempty"`
+	DeliveredAt     *time.Time `json:"delivered_at,omitempty"`
+	BrokerPartition *int32     `json:"broker_partition,omitempty"`
+	BrokerOffset    *int64     `json:"broker_offset,omitempty"`
 	// Archived is set when the row was cleaned up: only its identity and
 	// broker position remain.
 	Archived bool           `json:"archived,omitempty"`
@@ -460,7 +465,7 @@ func detailOf(r opsdb.Outbox) EventDetail {
 			AggregateVersion: r.AggregateVersion, EventType: r.EventType, SchemaVersion: int(r.SchemaVersion),
 			CreatedAt: r.CreatedAt, Attempts: int(r.Attempts), ErrorClass: deref(r.LastErrorClass), LastError: deref(r.LastError)},
 		State: r.State, PublishMode: r.PublishMode, Payload: r.Payload, Traceparent: deref(r.Traceparent), NextAttemptAt: &r.NextAttemptAt,
-		LeaseOwner: deref(r.LeaseOwner), LeaseExpiresAt: r.LeaseExpiresAt, DeliveredAt: r.DeliveredAt,
+		RelayPartition: &r.RelayPartition, LeaseOwner: deref(r.LeaseOwner), LeaseExpiresAt: r.LeaseExpiresAt, DeliveredAt: r.DeliveredAt,
 		BrokerPartition: r.BrokerPartition, BrokerOffset: r.BrokerOffset,
 	}
 }

@@ -19,13 +19,21 @@ FROM outbox_direct_log
 WHERE event_id = ANY (@event_ids::uuid[]);
 
 -- name: ShadowSettle :many
--- Settles the shadow rows of one claim: nothing was sent by the relay, the
+-- Settles the shadow rows of one read: nothing was sent by the relay, the
 -- direct path did it. Each row becomes delivered at the broker position the
--- direct path logged, fenced by the lease token like a confirm, and the
--- comparison's result goes to the log (a row with only the result when the
--- direct path logged nothing). Rows not returned were lost to another
--- relay, which compares them again.
-WITH r AS (
+-- direct path logged, fenced by the partition epoch like a confirm
+-- (OutboxConfirm), and the comparison's result goes to the log (a row with
+-- only the result when the direct path logged nothing). Rows not returned
+-- were lost to another relay, which compares them again.
+WITH fence AS (
+    SELECT p.partition
+    FROM outbox_relay_partition p
+    JOIN (SELECT unnest(@fence_partitions::integer[]) AS partition,
+                 unnest(@fence_epochs::bigint[])      AS epoch) f
+      ON f.partition = p.partition AND f.epoch = p.epoch
+    WHERE p.owner = @owner::text
+    FOR SHARE OF p
+), r AS (
     SELECT unnest(@event_ids::uuid[]) AS event_id,
            unnest(@event_types::text[]) AS event_type,
            unnest(@results::text[]) AS result,
@@ -35,14 +43,11 @@ WITH r AS (
     SET state            = 'delivered',
         delivered_at     = now(),
         broker_partition = l.broker_partition,
-        broker_offset    = l.broker_offset,
-        lease_owner      = NULL,
-        lease_token      = NULL,
-        lease_expires_at = NULL
+        broker_offset    = l.broker_offset
     FROM r LEFT JOIN outbox_direct_log l ON l.event_id = r.event_id
     WHERE o.event_id = r.event_id
-      AND o.lease_token = @lease_token::uuid
       AND o.state = 'pending'
+      AND o.relay_partition IN (SELECT partition FROM fence)
     RETURNING o.event_id
 ), logged AS (
     INSERT INTO outbox_direct_log (event_id, event_type, publish_mode, shadow_result, shadow_detail, shadow_at)

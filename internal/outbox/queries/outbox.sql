@@ -30,112 +30,131 @@ FROM (SELECT unnest(@event_ids::uuid[])          AS event_id,
 LEFT JOIN outbox_publish_mode m ON m.event_type = e.event_type
 RETURNING event_id, publish_mode, created_at;
 
--- name: OutboxClaim :many
--- Leases up to batch_size due events to one relay in a short transaction
--- (R1). SKIP LOCKED lets N relays claim disjoint rows without waiting on
--- each other; the lease (owner, fresh token, expiry) is what makes the claim
--- survive the commit, so no lock is held while the relay talks to the broker.
+-- name: OutboxRead :many
+-- Reads up to batch_size due events of the partitions the relay owns (R1).
+-- A plain SELECT: nothing is written until the confirm. The relay owns each
+-- of these partitions alone, so no other relay reads these rows; the
+-- epoch in the confirm's fence is what makes a read under a lost
+-- partition harmless (R2). in_flight lists the events the relay is still
+-- sending, read by the previous batch and not yet settled; they are still
+-- pending, and reading them again would send them twice.
 --
--- Due: pending, next_attempt_at reached (backoff is stored in the row, so it
--- holds for every relay, R4), and not leased or the lease expired (the
--- holder crashed or stalled, R3).
+-- Due: pending, next_attempt_at reached (backoff is stored in the row, so
+-- it holds for every relay, R4), and not leased per row by a relay of the
+-- previous version, which still uses lease_owner, lease_token and
+-- lease_expires_at while relays are upgraded.
 --
 -- Strict ordering (R6): an event whose type is not listed as independent is
--- claimable only when no earlier version of its aggregate is undelivered,
--- whatever the state of that earlier row: pending, leased by anyone (even
--- with an expired lease) or parked. Unknown types count as strict, the safe
--- side. At most one strict version per aggregate is in flight at any time.
+-- read only when no earlier version of its aggregate is undelivered,
+-- whatever the state of that earlier row: pending (in flight, or backing
+-- off after a failure) or parked. Unknown types count as strict, the safe
+-- side. At most one strict version per aggregate is in flight at any time,
+-- and a relay that lost a partition without knowing it yet cannot send a
+-- version whose predecessor is not delivered. The guard only reads.
 --
 -- A version 1 has no earlier version (the column's CHECK), so it skips the
 -- lookup: aggregates are often created and changed in quick succession, and
--- a claim may see as many first versions as later ones.
+-- a read may see as many first versions as later ones.
 --
 -- Order is explicit (R6): due time, then age, then aggregate version. For
 -- rows that never failed next_attempt_at is their insert time, so this is
 -- oldest first; it matches outbox_pending_due_idx and stops early under a
--- LIMIT. Within an aggregate the strict guard, not this order, decides.
-WITH due AS (
-    SELECT o.event_id
-    FROM outbox o
-    WHERE o.state = 'pending'
-      AND o.next_attempt_at <= now()
-      AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
-      AND (o.event_type = ANY (@independent_types::text[])
-           OR o.aggregate_version = 1
-           OR NOT EXISTS (
-               SELECT 1
-               FROM outbox e
-               WHERE e.aggregate_type = o.aggregate_type
-                 AND e.aggregate_id = o.aggregate_id
-                 AND e.aggregate_version < o.aggregate_version
-                 AND e.state <> 'delivered'))
-    ORDER BY o.next_attempt_at, o.created_at, o.aggregate_version
-    LIMIT @batch_size::integer
-    FOR UPDATE OF o SKIP LOCKED
-)
-UPDATE outbox o
-SET lease_owner      = @lease_owner::text,
-    lease_token      = @lease_token::uuid,
-    lease_expires_at = now() + make_interval(secs => @lease_seconds::double precision)
-FROM due
-WHERE o.event_id = due.event_id
-RETURNING o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
-          o.event_type, o.schema_version, o.payload, o.traceparent, o.tracestate, o.created_at,
-          o.attempts, o.next_attempt_at, o.lease_expires_at::timestamptz AS lease_expires_at,
-          o.publish_mode;
+-- LIMIT. The partitions of other relays are filtered on the way, so a read
+-- walks about as many index entries as the batch times the number of live
+-- relays. Within an aggregate the strict guard, not this order, decides.
+SELECT o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
+       o.event_type, o.schema_version, o.payload, o.traceparent, o.tracestate, o.created_at,
+       o.attempts, o.next_attempt_at, o.publish_mode, o.relay_partition
+FROM outbox o
+WHERE o.state = 'pending'
+  AND o.next_attempt_at <= now()
+  AND o.relay_partition = ANY (@partitions::integer[])
+  AND NOT (o.event_id = ANY (@in_flight::uuid[]))
+  AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
+  AND (o.event_type = ANY (@independent_types::text[])
+       OR o.aggregate_version = 1
+       OR NOT EXISTS (
+           SELECT 1
+           FROM outbox e
+           WHERE e.aggregate_type = o.aggregate_type
+             AND e.aggregate_id = o.aggregate_id
+             AND e.aggregate_version < o.aggregate_version
+             AND e.state <> 'delivered'))
+ORDER BY o.next_attempt_at, o.created_at, o.aggregate_version
+LIMIT @batch_size::integer;
 
 -- name: OutboxConfirm :many
 -- Marks events delivered after the broker acknowledged them (R2), in one
--- statement for the whole batch. The lease token fences the update: a relay
--- whose lease expired and whose rows were claimed again holds a stale token
--- and matches nothing, so it can neither mark the successor's claim
--- delivered nor overwrite its partition and offset. Rows that are not
--- returned were lost; the caller logs and counts them and never retries.
--- Partition and offset are for tracing only, never a version.
+-- statement for the whole batch: the one row write each event costs.
+--
+-- The fence: fence_partitions and fence_epochs are the partitions of the
+-- batch with the epoch each had when the relay read its rows. A row is
+-- updated only if its partition still has this owner at that epoch. The
+-- lease rows are locked FOR SHARE in the same statement, and a relay that
+-- takes a partition over updates its lease row, so the two serialize: a
+-- takeover that committed first makes the lock see the new epoch and the
+-- confirm match nothing; a confirm that locked first commits before the
+-- new owner reads a row. A relay that lost a partition can therefore
+-- neither mark the new owner's sends delivered nor overwrite their
+-- partition and offset. Rows that are not returned were lost; the caller
+-- logs and counts them and never retries. Partition and offset are for
+-- tracing only, never a version.
+WITH fence AS (
+    SELECT p.partition
+    FROM outbox_relay_partition p
+    JOIN (SELECT unnest(@fence_partitions::integer[]) AS partition,
+                 unnest(@fence_epochs::bigint[])      AS epoch) f
+      ON f.partition = p.partition AND f.epoch = p.epoch
+    WHERE p.owner = @owner::text
+    FOR SHARE OF p
+)
 UPDATE outbox o
 SET state            = 'delivered',
     broker_partition = d.broker_partition,
     broker_offset    = d.broker_offset,
-    delivered_at     = now(),
-    lease_owner      = NULL,
-    lease_token      = NULL,
-    lease_expires_at = NULL
+    delivered_at     = now()
 FROM (SELECT unnest(@event_ids::uuid[])        AS event_id,
              unnest(@partitions::integer[])    AS broker_partition,
              unnest(@offsets::bigint[])        AS broker_offset) d
 WHERE o.event_id = d.event_id
-  AND o.lease_token = @lease_token::uuid
   AND o.state = 'pending'
+  AND o.relay_partition IN (SELECT partition FROM fence)
 RETURNING o.event_id;
 
 -- name: OutboxRelease :many
--- Gives leased events back after anything but an acknowledgement, in one
--- statement for the whole batch, fenced by the lease token like the confirm.
--- Every release counts one attempt.
+-- Writes down what happened to events that were not acknowledged, in one
+-- statement for the whole batch, fenced by the partition epoch like the
+-- confirm. Every release counts one attempt.
 --   * a transient failure (unknown outcome, R3) stays pending with the
 --     retry bookkeeping of R4: error class, bounded text, and
 --     next_attempt_at pushed out by the caller's backoff;
 --   * a deterministic failure (R5) is parked with its reason;
---   * a relay stopping (R9) releases with no delay so a successor can claim
---     at once instead of waiting for the lease to expire.
+--   * a relay stopping (R9) records the stop with no delay, so the next
+--     owner of the partition sends the event at once.
 -- last_error is cut to the CHECK's 1024 characters here as well as in Go.
+WITH fence AS (
+    SELECT p.partition
+    FROM outbox_relay_partition p
+    JOIN (SELECT unnest(@fence_partitions::integer[]) AS partition,
+                 unnest(@fence_epochs::bigint[])      AS epoch) f
+      ON f.partition = p.partition AND f.epoch = p.epoch
+    WHERE p.owner = @owner::text
+    FOR SHARE OF p
+)
 UPDATE outbox o
 SET state            = r.state,
     attempts         = o.attempts + 1,
     last_error_class = r.error_class,
     last_error       = left(r.error_text, 1024),
-    next_attempt_at  = now() + make_interval(secs => r.delay_seconds),
-    lease_owner      = NULL,
-    lease_token      = NULL,
-    lease_expires_at = NULL
+    next_attempt_at  = now() + make_interval(secs => r.delay_seconds)
 FROM (SELECT unnest(@event_ids::uuid[])            AS event_id,
              unnest(@states::text[])               AS state,
              unnest(@error_classes::text[])        AS error_class,
              unnest(@error_texts::text[])          AS error_text,
              unnest(@delays_seconds::double precision[]) AS delay_seconds) r
 WHERE o.event_id = r.event_id
-  AND o.lease_token = @lease_token::uuid
   AND o.state = 'pending'
+  AND o.relay_partition IN (SELECT partition FROM fence)
 RETURNING o.event_id;
 
 -- name: OutboxStats :many

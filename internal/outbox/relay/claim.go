@@ -1,61 +1,55 @@
 package relay
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
-	"github.com/outboxref/orders/internal/outbox/internal/pgtx"
 )
 
-// claim leases up to BatchSize due rows under a fresh token, in one short
-// transaction (R1). The transaction uses its own bounded context rather
-// than ctx: a stop signal arriving mid-claim must not leave the outcome of
-// COMMIT unknown, which would strand the rows until their lease expired.
-func (r *Relay) claim(ctx context.Context) ([]leased, error) {
+// claim reads up to BatchSize due rows of the partitions the relay owns
+// (R1), skipping those of inFlight, the batch still being sent. It writes
+// nothing: the partition leases are what keep other relays away from
+// these rows, and each row carries the epoch of its partition, which
+// fences its confirm. It reads nothing while the relay owns no partition,
+// or when its leases might end before a send started now would (R5a).
+func (r *Relay) claim(ctx context.Context, inFlight []leased) ([]leased, error) {
+	start := time.Now()
+	epochs, ok := r.own.snapshot(start.Add(r.cfg.ProduceTimeout))
+	if !ok {
+		return nil, nil
+	}
+	parts := make([]int32, 0, len(epochs))
+	for p := range epochs {
+		parts = append(parts, p)
+	}
+	skip := make([]uuid.UUID, len(inFlight))
+	for i := range inFlight {
+		skip[i] = inFlight[i].EventID
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
-	token := uuid.New()
-	var batch []leased
-	err := inRelayTx(cctx, r.cfg.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(cctx, outboxdb.ClaimInIndexOrder); err != nil {
-			return fmt.Errorf("claim outbox batch: %w", err)
-		}
-		rows, err := outboxdb.New(tx).OutboxClaim(cctx, outboxdb.OutboxClaimParams{
-			LeaseOwner:       r.cfg.Owner,
-			LeaseToken:       token,
-			LeaseSeconds:     r.cfg.Lease.Seconds(),
-			IndependentTypes: r.types.Independent(),
-			BatchSize:        int32(r.cfg.BatchSize),
-		})
-		if err != nil {
-			return fmt.Errorf("claim outbox batch: %w", err)
-		}
-		batch = leasedBatch(rows, token)
-		if len(batch) == 0 {
-			return nil
-		}
-		return r.beforeClaimCommit(cctx, batch)
+	rows, err := outboxdb.OutboxReadInIndexOrder(cctx, r.cfg.Pool, outboxdb.OutboxReadParams{
+		Partitions:       parts,
+		InFlight:         skip,
+		IndependentTypes: r.types.Independent(),
+		BatchSize:        int32(r.cfg.BatchSize),
 	})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read outbox batch: %w", err)
 	}
-	return batch, nil
+	return readBatch(rows, epochs), nil
 }
 
-// leasedBatch turns the rows a claim returned into the batch to send, in
-// claim order.
-func leasedBatch(rows []outboxdb.OutboxClaimRow, token uuid.UUID) []leased {
+// readBatch turns the rows a read returned, in read order, into the batch
+// to send, each with its partition's epoch.
+func readBatch(rows []outboxdb.OutboxReadRow, epochs map[int32]int64) []leased {
 	batch := make([]leased, len(rows))
 	for i, row := range rows {
 		batch[i] = leased{
@@ -69,8 +63,8 @@ func leasedBatch(rows []outboxdb.OutboxClaimRow, token uuid.UUID) []leased {
 				CreatedAt:        row.CreatedAt,
 				Attempts:         int(row.Attempts),
 				NextAttemptAt:    row.NextAttemptAt,
-				LeaseToken:       token,
-				LeaseExpiresAt:   row.LeaseExpiresAt,
+				RelayPartition:   row.RelayPartition,
+				Epoch:            epochs[row.RelayPartition],
 			},
 			payload: row.Payload,
 			mode:    row.PublishMode,
@@ -82,22 +76,16 @@ func leasedBatch(rows []outboxdb.OutboxClaimRow, token uuid.UUID) []leased {
 			batch[i].tracestate = *row.Tracestate
 		}
 	}
-	// RETURNING does not keep the claim order; restore it so that rows
-	// reach the producer, and so each partition, in that order.
-	slices.SortFunc(batch, func(a, b leased) int {
-		return cmp.Or(a.NextAttemptAt.Compare(b.NextAttemptAt),
-			a.CreatedAt.Compare(b.CreatedAt),
-			cmp.Compare(a.AggregateVersion, b.AggregateVersion))
-	})
 	return batch
 }
 
-// settle writes the outcome of one batch: a fenced confirm of every
-// acknowledged row (R2) and a fenced release of every other row, retried
-// or parked (R3-R5). It returns the claims whose confirm matched.
-func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []outcome) ([]claim, error) {
-	confirm := outboxdb.OutboxConfirmParams{LeaseToken: token}
-	release := outboxdb.OutboxReleaseParams{LeaseToken: token}
+// settle writes the outcome of one batch: a confirm of every acknowledged
+// row (R2) and a release of every other row, retried or parked (R3-R5),
+// both fenced by the epochs of the batch's partitions. It returns the
+// claims whose confirm matched.
+func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome) ([]claim, error) {
+	confirm := outboxdb.OutboxConfirmParams{Owner: r.cfg.Owner, FencePartitions: f.partitions, FenceEpochs: f.epochs}
+	release := outboxdb.OutboxReleaseParams{Owner: r.cfg.Owner, FencePartitions: f.partitions, FenceEpochs: f.epochs}
 	byID := make(map[uuid.UUID]*outcome, len(outcomes))
 	var failed []*outcome
 	for i := range outcomes {
@@ -128,17 +116,35 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []outcome)
 	q := outboxdb.New(r.cfg.Pool)
 	var confirmed []claim
 	var errs []error
+	lost := false
+	defer func() {
+		if lost {
+			r.own.distrust() // a partition was taken over: find out which before reading again
+		}
+	}()
 	if len(confirm.EventIDs) > 0 {
 		var ids []uuid.UUID
-		err := retrySafe(ctx, func() error {
-			return inRelayTx(ctx, r.cfg.Pool, func(tx pgx.Tx) (err error) {
-				ids, err = outboxdb.New(tx).OutboxConfirm(ctx, confirm)
-				return err
-			})
+		// The confirm commits without waiting for its WAL record to reach
+		// the disk (synchronous_commit = off, for its transaction only,
+		// which also skips waiting for synchronous standbys). Waiting for
+		// the flush is most of the time this short statement takes, and what a database crash or a
+		// failover can lose by not waiting is harmless here: the confirms of the
+		// final fraction of a second. A lost confirm leaves its rows pending, and
+		// the partition's owner sends them again with the same event_id, a
+		// duplicate that consumers absorb, and never a loss. Order holds too: the
+		// WAL is written in order, so a confirm that survived the crash implies
+		// that every confirm committed before it survived too, and a later version
+		// is never left delivered while the earlier one's delivery was forgotten.
+		// The taking of partitions commits durably (see maintain), and the
+		// business transaction that writes the rows keeps the server's setting:
+		// an event that was acknowledged to the caller must not vanish.
+		err := retrySafe(ctx, func() (err error) {
+			ids, err = outboxdb.OutboxConfirmRelaxed(ctx, r.cfg.Pool, confirm)
+			return err
 		})
 		if err != nil {
-			// The rows stay leased and are sent again after the lease
-			// expires: a duplicate, never a loss.
+			// The rows stay pending and are read and sent again: a
+			// duplicate, never a loss.
 			errs = append(errs, fmt.Errorf("confirm %d delivered outbox events: %w", len(confirm.EventIDs), err))
 		} else {
 			matched := make(map[uuid.UUID]bool, len(ids))
@@ -159,8 +165,9 @@ func (r *Relay) settle(ctx context.Context, token uuid.UUID, outcomes []outcome)
 					continue
 				}
 				r.metrics.lostConfirms.WithLabelValues(o.EventType).Inc()
-				r.log.WarnContext(o.logContext(ctx), "outbox confirm matched no row: the lease was lost and another relay owns the event; it will be sent again",
+				r.log.WarnContext(o.logContext(ctx), "outbox confirm matched no row: the lease was lost and another relay owns the event's partition; it will be sent again",
 					outcomeAttrs(o)...)
+				lost = true
 			}
 		}
 	}
@@ -197,7 +204,8 @@ func (r *Relay) logFailures(ctx context.Context, failed []*outcome, released []u
 		attrs := append(outcomeAttrs(o), "error_class", string(o.Class))
 		switch {
 		case !matched[o.EventID]:
-			r.log.InfoContext(o.logContext(ctx), "outbox release matched no row: the lease was lost and another relay owns the event", attrs...)
+			r.own.distrust()
+			r.log.InfoContext(o.logContext(ctx), "outbox release matched no row: the lease was lost and another relay owns the event's partition", attrs...)
 		case o.Class.Parks():
 			r.log.ErrorContext(o.logContext(ctx), "outbox event parked: it fails the same way on every attempt and waits for repair", append(attrs, "reason", o.Err.Error())...)
 		default:
@@ -233,31 +241,6 @@ func outcomeAttrs(o *outcome) []any {
 		attrs = append(attrs, "partition", o.Partition, "offset", o.Offset)
 	}
 	return attrs
-}
-
-// inRelayTx is pgtx.Run for the relay's own claim and confirm transactions,
-// which commit without waiting for their WAL record to reach the disk
-// (synchronous_commit = off, for this transaction only, which also skips
-// waiting for synchronous standbys). Waiting for the flush is most of the
-// time these short statements take, and what a database crash or a
-// failover can lose by not waiting is harmless here: the last claims and
-// confirms of the final fraction of a second. A lost claim
-// frees rows the relay may already be sending, and a lost confirm leaves
-// rows leased until the lease expires; either way the rows are sent again
-// with the same event_id, a duplicate that consumers absorb, and never a
-// loss. Order holds too: the WAL is written in order, so a claim that
-// survived the crash implies that every confirm committed before it
-// survived too, and a later version is never claimed while the earlier
-// one's delivery was forgotten. The business transaction that writes the
-// rows keeps the server's setting: an event that was acknowledged to the
-// caller must not vanish.
-func inRelayTx(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
-	return pgtx.Run(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, "SET LOCAL synchronous_commit = off"); err != nil {
-			return fmt.Errorf("relax commit durability of the relay transaction: %w", err)
-		}
-		return fn(tx)
-	})
 }
 
 // retrySafe runs fn up to three times, but retries only errors that pgx

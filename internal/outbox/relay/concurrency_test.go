@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -18,7 +19,10 @@ import (
 // 25. Every event reaches the broker, and for strict types the first copy
 // of each version appears in its aggregate's partition only after the first
 // copies of all earlier versions. A failed version is retried after its
-// backoff; without the strict guard a later version overtakes it.
+// backoff; without the strict guard a later version overtakes it. The
+// relays share the partitions of the aggregates, one owner each: no relay
+// confirms in vain a row another relay owned, which a read that ignored
+// the partitions would do (R1).
 func TestConcurrentRelaysKeepOrder(t *testing.T) {
 	t.Parallel()
 	const (
@@ -45,9 +49,12 @@ func TestConcurrentRelaysKeepOrder(t *testing.T) {
 		return produces.Add(1)%25 == 0
 	}})
 
-	for i := range 4 {
+	regs := make([]*prometheus.Registry, 4)
+	for i := range regs {
+		regs[i] = prometheus.NewRegistry()
 		start(t, e.relay(t, func(c *relayConfig) {
 			c.Owner = fmt.Sprintf("relay-%d", i)
+			c.Registerer = regs[i]
 			c.BatchSize = 250
 			c.PollInterval = 20 * time.Millisecond
 			c.BackoffBase = 20 * time.Millisecond
@@ -94,4 +101,10 @@ func TestConcurrentRelaysKeepOrder(t *testing.T) {
 		firstSeen[rec.Key][rec.Version] = true
 	}
 	require.Len(t, seen, total, "every event reached the broker")
+	for i, reg := range regs {
+		for _, typ := range []string{strictType, looseType} {
+			require.Zero(t, metricValue(t, reg, "outbox_lost_confirms_total", map[string]string{"event_type": typ}),
+				"relay-%d confirmed rows of a partition it did not own", i)
+		}
+	}
 }

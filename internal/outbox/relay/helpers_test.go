@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kfake"
 
@@ -104,4 +105,42 @@ func (l *claimLog) all() []claimSeen {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]claimSeen(nil), l.claims...)
+}
+
+// lease is the row of one partition in outbox_relay_partition.
+type lease struct {
+	Owner   *string
+	Epoch   int64
+	Expired bool
+}
+
+// leaseOf returns the lease of the partition the event belongs to.
+func (e *env) leaseOf(t testing.TB, id uuid.UUID) lease {
+	t.Helper()
+	var l lease
+	require.NoError(t, e.DB.Pool.QueryRow(context.Background(), `
+		SELECT p.owner, p.epoch, coalesce(p.lease_expires_at <= now(), false)
+		FROM outbox o JOIN outbox_relay_partition p ON p.partition = o.relay_partition
+		WHERE o.event_id = $1`, id).Scan(&l.Owner, &l.Epoch, &l.Expired))
+	return l
+}
+
+// owned returns how many partitions owner holds, whether their leases
+// have expired or not.
+func (e *env) owned(t testing.TB, owner string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, e.DB.Pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM outbox_relay_partition WHERE owner = $1", owner).Scan(&n))
+	return n
+}
+
+// heldBy returns how many pending rows are in partitions owner holds.
+func (e *env) heldBy(t testing.TB, owner string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, e.DB.Pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM outbox o JOIN outbox_relay_partition p ON p.partition = o.relay_partition
+		WHERE o.state = 'pending' AND p.owner = $1`, owner).Scan(&n))
+	return n
 }

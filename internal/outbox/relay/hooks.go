@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// claim is one outbox row as leased by a relay: what logs and the crash
+// claim is one outbox row as read by a relay: what logs and the crash
 // points see of it. The payload is deliberately absent.
 type claim struct {
 	EventID          uuid.UUID
@@ -21,9 +21,12 @@ type claim struct {
 	// Attempts counts earlier delivery attempts; this one is Attempts+1.
 	Attempts int
 	// NextAttemptAt is the due time the row had when it was claimed.
-	NextAttemptAt  time.Time
-	LeaseToken     uuid.UUID
-	LeaseExpiresAt time.Time
+	NextAttemptAt time.Time
+	// RelayPartition is the row's partition of the aggregates, and Epoch
+	// the partition's epoch when the relay read the row: the fence of its
+	// confirm.
+	RelayPartition int32
+	Epoch          int64
 }
 
 // outcome is the broker's answer for one claimed event.
@@ -46,19 +49,20 @@ type outcome struct {
 // distinct consequences (V2). Only the package's tests set them (through
 // export_test.go); they are nil in every built binary. A hook that returns
 // an error makes Run return that error at once, leaving the database and
-// the broker exactly as a crash at that point would: the claim transaction
-// rolls back (window 1) or leases stay until they expire (windows 2-4),
-// nothing is flushed or released.
+// the broker exactly as a crash at that point would: the taking of
+// partitions rolls back (window 1) or the partitions' leases stay until
+// they expire (windows 2-5), nothing is flushed, released or given back.
 //
 // The third window, "the broker stored the record but its answer was lost",
 // is produced by the broker (a fault answering REQUEST_TIMED_OUT after the
 // append) and observed in AfterProduce as an outcome with ClassTimeout.
 type hooks struct {
-	// BeforeClaimCommit runs inside the claim transaction, after the rows
-	// were leased and before COMMIT (window 1).
+	// BeforeClaimCommit runs inside the transaction that takes partitions
+	// for the relay, after it took at least one and before COMMIT (window
+	// 1). No row has been read yet, so claims is empty.
 	BeforeClaimCommit func(ctx context.Context, claims []claim) error
-	// AfterClaim runs after the claim committed, before anything is sent
-	// (window 2).
+	// AfterClaim runs after a batch was read from the relay's partitions,
+	// before anything is sent (window 2).
 	AfterClaim func(ctx context.Context, claims []claim) error
 	// AfterProduce runs once the broker answered every record of the batch
 	// (acknowledged, failed or timed out), before the confirm and the retry
@@ -75,8 +79,8 @@ type hooks struct {
 // relay process in builds with the "failpoints" tag) is added in one spot
 // and cannot drift from the others.
 
-// beforeClaimCommit is window 1: rows leased, claim transaction not yet
-// committed.
+// beforeClaimCommit is window 1: partitions taken, the transaction that
+// takes them not yet committed.
 func (r *Relay) beforeClaimCommit(ctx context.Context, batch []leased) error {
 	failpoint("relay/before-claim-commit")
 	if r.hooks.BeforeClaimCommit == nil {
@@ -85,7 +89,8 @@ func (r *Relay) beforeClaimCommit(ctx context.Context, batch []leased) error {
 	return callHook(ctx, r.hooks.BeforeClaimCommit, claimsOf(batch))
 }
 
-// afterClaim is window 2: the claim committed, nothing sent.
+// afterClaim is window 2: a batch read from partitions the relay owns,
+// nothing sent.
 func (r *Relay) afterClaim(ctx context.Context, batch []leased) error {
 	failpoint("relay/after-claim")
 	if r.hooks.AfterClaim == nil {

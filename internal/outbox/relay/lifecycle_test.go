@@ -42,8 +42,9 @@ func TestNudge(t *testing.T) {
 }
 
 // TestGracefulShutdown (R9): a relay stopped while the broker does not
-// answer gives up after DrainTimeout and releases its leases, so a
-// successor claims the rows at once instead of waiting out the lease.
+// answer gives up after DrainTimeout, records the stop on the rows it was
+// sending and gives its partitions back, so a successor takes them and
+// sends the rows at once instead of waiting out the lease.
 func TestGracefulShutdown(t *testing.T) {
 	t.Parallel()
 	const lease = time.Minute
@@ -73,9 +74,9 @@ func TestGracefulShutdown(t *testing.T) {
 	require.NoError(t, first.Stop(t))
 	require.Less(t, time.Since(stopping), 5*time.Second, "stopping waits for DrainTimeout, not for the 30s produce deadline")
 
+	require.Zero(t, e.owned(t, "first"), "the partitions were given back")
 	for _, r := range e.Rows(t) {
 		require.Equal(t, "pending", r.State)
-		require.Nil(t, r.LeaseOwner, "the lease was released")
 		require.Equal(t, "shutdown", *r.LastErrorClass)
 		require.False(t, r.NextAttemptAt.After(time.Now().Add(50*time.Millisecond)), "and due at once")
 	}
@@ -240,9 +241,10 @@ func TestStatsCollectorRefreshesOnAnInterval(t *testing.T) {
 }
 
 // TestGracefulShutdownWithBatchClaimedAhead (R9): under a backlog the relay
-// leases the next batch while the broker holds the current one. Stopping
+// reads the next batch while the broker holds the current one. Stopping
 // during an outage waits one DrainTimeout for both batches' sends, not one
-// per batch, and releases both batches at once for a successor.
+// per batch, records the stop on both, and gives the partitions back at
+// once for a successor.
 func TestGracefulShutdownWithBatchClaimedAhead(t *testing.T) {
 	t.Parallel()
 	const (
@@ -257,14 +259,16 @@ func TestGracefulShutdownWithBatchClaimedAhead(t *testing.T) {
 	}
 	e.Insert(t, evs...)
 
+	var reads claimLog
 	first := start(t, e.relay(t, func(c *relayConfig) {
 		c.Owner = "first"
 		c.BatchSize = batch
 		c.Lease = time.Minute
 		c.DrainTimeout = drain
+		c.Hooks.AfterClaim = reads.hook("first")
 	}))
-	require.Eventually(t, func() bool { return e.Count(t, "lease_owner = 'first'") == 2*batch }, 5*time.Second, 5*time.Millisecond,
-		"one batch with the broker and the next one claimed ahead")
+	require.Eventually(t, func() bool { return len(reads.all()) == 2*batch }, 5*time.Second, 5*time.Millisecond,
+		"one batch with the broker and the next one read ahead")
 	stopping := time.Now()
 	require.NoError(t, first.Stop(t))
 	t.Logf("stopped in %s", time.Since(stopping))
@@ -272,9 +276,9 @@ func TestGracefulShutdownWithBatchClaimedAhead(t *testing.T) {
 	// client's final flush.
 	require.Less(t, time.Since(stopping), 2*drain+drain/4, "one DrainTimeout for both batches")
 
+	require.Zero(t, e.owned(t, "first"), "no partition lease is left behind")
 	for _, r := range e.Rows(t) {
 		require.Equal(t, "pending", r.State)
-		require.Nil(t, r.LeaseOwner, "no lease is left behind")
 	}
 	require.Equal(t, 2*batch, e.Count(t, "last_error_class = 'shutdown'"))
 

@@ -21,6 +21,7 @@ type relayMetrics struct {
 	published    *prometheus.CounterVec
 	errors       *prometheus.CounterVec
 	lostConfirms *prometheus.CounterVec
+	partitions   prometheus.Gauge
 	shadow       *prometheus.CounterVec
 	latency      *prometheus.HistogramVec
 }
@@ -41,8 +42,12 @@ func newRelayMetrics() *relayMetrics {
 		}, []string{"event_type", "class"}),
 		lostConfirms: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_lost_confirms_total",
-			Help: "Acknowledged records whose confirm matched no row because the lease was lost (fenced); the successor re-sends them.",
+			Help: "Acknowledged records whose confirm matched no row because the partition passed to another relay (fenced); its new owner re-sends them.",
 		}, []string{"event_type"}),
+		partitions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "outbox_relay_partitions_owned",
+			Help: "Partitions of the aggregates this relay owns and delivers; the relays share them evenly.",
+		}),
 		shadow: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "outbox_shadow_compared_total",
 			Help: "Events in shadow publish mode compared with what the direct path sent, by event type and result (match, mismatch, missing).",
@@ -78,7 +83,7 @@ func (m *relayMetrics) initTypes(types []outbox.EventType) {
 }
 
 func (m *relayMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.attempts, m.published, m.errors, m.lostConfirms, m.shadow, m.latency}
+	return []prometheus.Collector{m.attempts, m.published, m.errors, m.lostConfirms, m.partitions, m.shadow, m.latency}
 }
 
 // StatsCollector reports the outbox backlog from the table (O1):

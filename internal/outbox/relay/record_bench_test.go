@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -28,8 +27,8 @@ func benchLeased() leased {
 			CreatedAt:        time.Now(),
 			Attempts:         0,
 			NextAttemptAt:    time.Now(),
-			LeaseToken:       uuid.New(),
-			LeaseExpiresAt:   time.Now().Add(time.Minute),
+			RelayPartition:   3,
+			Epoch:            1,
 		},
 		payload:     []byte(`{"n": 2}`),
 		traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
@@ -65,25 +64,25 @@ func BenchmarkRecord(b *testing.B) {
 	}
 }
 
-// BenchmarkLeasedBatch is the relay's handling of one claimed batch of the
-// default size before anything is sent: the rows become the batch, put
-// back in claim order (RETURNING shuffles them).
-func BenchmarkLeasedBatch(b *testing.B) {
-	token := uuid.New()
+// BenchmarkReadBatch is the relay's handling of one read batch of the
+// default size before anything is sent: the rows become the batch, each
+// with its partition's epoch.
+func BenchmarkReadBatch(b *testing.B) {
 	tp := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	base := time.Now()
-	rows := make([]outboxdb.OutboxClaimRow, DefaultBatchSize)
+	epochs := map[int32]int64{}
+	rows := make([]outboxdb.OutboxReadRow, DefaultBatchSize)
 	for i := range rows {
 		at := base.Add(time.Duration(i) * time.Microsecond)
-		rows[i] = outboxdb.OutboxClaimRow{
+		rows[i] = outboxdb.OutboxReadRow{
 			EventID: uuid.New(), AggregateType: "test", AggregateID: fmt.Sprintf("agg-%d", i),
 			AggregateVersion: 1, EventType: "test.strict", SchemaVersion: 1, Payload: []byte(`{"n": 1}`),
-			Traceparent: &tp, CreatedAt: at, NextAttemptAt: at, LeaseExpiresAt: base.Add(time.Minute),
+			Traceparent: &tp, CreatedAt: at, NextAttemptAt: at, RelayPartition: int32(i % 16),
 			PublishMode: string(direct.ModeOutbox),
 		}
+		epochs[int32(i%16)] = 1
 	}
-	rand.Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
 	for b.Loop() {
-		_ = leasedBatch(rows, token)
+		_ = readBatch(rows, epochs)
 	}
 }

@@ -2,13 +2,18 @@
 // their transaction committed. A service runs it in its own process or
 // beside its API; any number of relays can run at once.
 //
-// The relay closes the windows of delivery. It leases rows in a short claim
-// transaction and sends them with no transaction open (R1); a relay that
-// dies at any point leaves either an unleased row or a lease that expires,
-// so a successor sends the row again with the same event_id (R3). It
-// confirms a row only after the broker's acknowledgement and only while it
-// still holds the lease token (R2), so a relay that stalled past its lease
-// cannot overwrite its successor's claim. Broker errors and timeouts are
+// The relay closes the windows of delivery. The aggregates are split into
+// partitions (a hash the database computes, migration 00008), and each
+// partition is owned by one relay at a time, under a lease and an epoch
+// that changes with every new owner; relays share the partitions evenly
+// (partition.go). A relay reads the due rows of its partitions with a
+// plain SELECT and sends them with no transaction open (R1); a relay that
+// dies at any point leaves partitions whose leases expire, and their next
+// owner sends the rows again with the same event_id (R3). It confirms a
+// row, the one write each event costs, only after the broker's
+// acknowledgement and only while its partition still has the epoch the
+// relay read it under (R2), so a relay that stalled past its lease cannot
+// overwrite what the partition's next owner sent. Broker errors and timeouts are
 // unknown outcomes, retried with a backoff stored in the row (R4); events
 // that can never be sent are parked (R5), and under strict ordering a
 // parked event holds back its aggregate's later ones (R6). Delivery is
@@ -77,7 +82,7 @@ const (
 	// the broker's default message.max.bytes (1,048,588).
 	DefaultMaxMessageBytes = 1_000_012
 	// maxDrainTimeout bounds how long a stopping relay waits for answers
-	// to records already sent before it releases their leases.
+	// to records already sent before it records the stop on their rows.
 	maxDrainTimeout = 5 * time.Second
 	// dbTimeout bounds each claim, confirm and release statement. They are
 	// short by design; a database that cannot answer in this time is down.
@@ -105,18 +110,20 @@ type Config struct {
 	// parked. Payloads are validated by the Writer, not again here (see
 	// admit).
 	Types []outbox.EventType
-	// Owner is written to lease_owner; it must differ between relay
-	// instances and process restarts. When empty, the relay makes one from
+	// Owner names the relay in outbox_relay_partition and outbox_relay; it
+	// must differ between relay instances and process restarts. When empty, the relay makes one from
 	// the host name, the process id and a random suffix.
 	Owner string
 
-	// BatchSize is the most rows one claim leases.
+	// BatchSize is the most rows one read returns.
 	BatchSize int
-	// Lease is how long a claim protects its rows. A relay that dies keeps
-	// its rows away from others for at most this long.
+	// Lease is how long the relay's partitions stay its own without
+	// renewal (it renews them every second, at least four times a lease).
+	// A relay that dies keeps its partitions' rows away from others for
+	// at most this long.
 	Lease time.Duration
 	// ProduceTimeout is the deadline of each send, measured from the start
-	// of the claim; it defaults to and may not exceed Lease/2 (R5a), so a
+	// of the read; it defaults to and may not exceed Lease/2 (R5a), so a
 	// send never outlives the lease that protects it.
 	ProduceTimeout time.Duration
 	// PollInterval bounds the time between claims when idle; Nudge claims
@@ -127,7 +134,8 @@ type Config struct {
 	BackoffBase time.Duration
 	BackoffCap  time.Duration
 	// DrainTimeout is how long Run waits, once stopped, for the broker to
-	// answer records already sent, before it releases their leases.
+	// answer records already sent, before it records the stop on their
+	// rows and gives its partitions back.
 	// Defaults to ProduceTimeout, at most 5s.
 	DrainTimeout time.Duration
 	// MaxMessageBytes is the largest record batch the producer builds; set
@@ -146,9 +154,10 @@ type Config struct {
 	TracerProvider trace.TracerProvider
 }
 
-// Relay delivers outbox rows to Kafka: it leases due rows in a short
-// transaction, sends them with the idempotent producer, and confirms each
-// row, fenced by its lease token, only after the broker acknowledged it.
+// Relay delivers outbox rows to Kafka: it reads the due rows of the
+// partitions it owns, sends them with the idempotent producer, and confirms
+// each row, fenced by its partition's epoch, only after the broker
+// acknowledged it.
 // Any number of relays, in any number of processes, may run against one
 // database.
 //
@@ -163,6 +172,7 @@ type Relay struct {
 	log        *slog.Logger
 	tracer     trace.Tracer
 	hooks      hooks // crash points; set only by the package's tests
+	own        ownership
 
 	nudge   chan struct{}
 	started atomic.Bool
@@ -302,19 +312,20 @@ func (r *Relay) Nudge() {
 	}
 }
 
-// Owner returns the relay's lease owner.
+// Owner returns the relay's owner name (Config.Owner).
 func (r *Relay) Owner() string { return r.cfg.Owner }
 
 // Run delivers events until ctx is cancelled, then stops gracefully (R9):
-// it claims nothing more, waits up to DrainTimeout for answers to records
-// already sent, confirms what was acknowledged, releases every other lease
-// with no delay so a successor claims those rows at once, then flushes and
-// closes its Kafka client. It returns nil after a graceful stop.
+// it reads nothing more, waits up to DrainTimeout for answers to records
+// already sent, confirms what was acknowledged, records the stop on every
+// other row with no delay, gives its partitions back so that the other
+// relays take them at once, then flushes and closes its Kafka client. It
+// returns nil after a graceful stop.
 //
 // Database and broker errors are logged and retried; they do not end Run.
 // Run returns an error only if the Kafka client cannot be created or a hook
-// stopped it in a test (in which case nothing is released or flushed, as
-// in a crash). Run may be called once.
+// stopped it in a test (in which case nothing is released, given back or
+// flushed, as in a crash). Run may be called once.
 func (r *Relay) Run(ctx context.Context) (err error) {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("outbox relay: Run called twice")
@@ -349,6 +360,9 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 	for {
 		select {
 		case <-ctx.Done():
+			// Every batch is settled (drain returns only then): the
+			// partitions can go to the other relays at once (R9).
+			r.giveBackAll(ctx)
 			r.log.InfoContext(context.WithoutCancel(ctx), "outbox relay stopped")
 			return nil
 		case <-wait.C:
@@ -357,7 +371,14 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		if ctx.Err() != nil {
 			continue // stop claiming; the select above returns
 		}
-		again, err := r.drain(ctx, cl)
+		var err error
+		if r.own.due(time.Now()) {
+			err = r.maintain(ctx)
+		}
+		again := false
+		if err == nil {
+			again, err = r.drain(ctx, cl)
+		}
 		var he *hookError
 		if errors.As(err, &he) {
 			crashed = true
@@ -382,19 +403,20 @@ type leased struct {
 	mode        string // the publish mode the row was written in (O7)
 }
 
-// drain claims a batch and delivers it, and goes on while the batches come
-// back full, which means a backlog. It returns whether to claim again at
-// once rather than after the poll interval.
+// drain reads a batch and delivers it, and goes on while the batches come
+// back full, which means a backlog. It returns whether to read again at
+// once rather than after the poll interval. It returns once nothing is in
+// flight, at the latest when the partitions' upkeep (maintain) is due.
 //
-// Under a backlog the next batch is claimed while the previous one is with
+// Under a backlog the next batch is read while the previous one is with
 // the broker, so the database and the broker work at the same time instead
 // of taking turns; a batch's delivery still starts only once the previous
-// one is settled. At most two batches are leased at a time, and strict
-// order holds without any further care: the claim of the next batch sees
-// the rows in flight as leased, hence undelivered, and the strict guard
-// keeps the later versions of their aggregates out of it. Those versions
-// wait for a claim made after the confirm, which is why a claim that ran
-// beside a delivery asks to be followed at once by another.
+// one is settled. At most two batches are in flight at a time, and strict
+// order holds without any further care: the read of the next batch skips
+// the rows in flight, and sees them as pending, hence undelivered, so the
+// strict guard keeps the later versions of their aggregates out of it.
+// Those versions wait for a read made after the confirm, which is why a
+// read that ran beside a delivery asks to be followed at once by another.
 //
 // The batch claimed ahead keeps the produce deadline of its own claim
 // (R5a), so the time it waits for the previous batch comes out of its
@@ -404,8 +426,8 @@ type leased struct {
 // inside the deadline.
 func (r *Relay) drain(ctx context.Context, cl *kgo.Client) (again bool, err error) {
 	start := time.Now()
-	batch, n, err := r.prepare(ctx)
-	overlapped := false // the claim ran while a batch was being delivered
+	batch, n, err := r.prepare(ctx, nil)
+	overlapped := false // the read ran while a batch was being delivered
 	for {
 		if err != nil {
 			return false, err
@@ -413,33 +435,35 @@ func (r *Relay) drain(ctx context.Context, cl *kgo.Client) (again bool, err erro
 		if n == 0 {
 			return overlapped, nil
 		}
-		if n < r.cfg.BatchSize || ctx.Err() != nil {
-			// No backlog (or stopping): deliver this batch alone.
-			return overlapped, r.deliver(ctx, cl, start, batch)
+		if n < r.cfg.BatchSize || ctx.Err() != nil || r.own.due(time.Now()) {
+			// No backlog, stopping, or the partitions' upkeep is due:
+			// deliver this batch alone. After a full batch, read again
+			// at once.
+			return overlapped || n == r.cfg.BatchSize, r.deliver(ctx, cl, start, batch)
 		}
 		delivered := make(chan error, 1)
 		go func(start time.Time, batch []leased) {
 			delivered <- r.deliver(ctx, cl, start, batch)
 		}(start, batch)
 		start = time.Now()
-		batch, n, err = r.prepare(ctx)
+		inFlight := batch
+		batch, n, err = r.prepare(ctx, inFlight)
 		overlapped = true
 		if derr := <-delivered; derr != nil {
 			var he *hookError
 			if errors.As(derr, &he) {
-				return false, derr // a simulated crash: the next batch stays leased, as it would
+				return false, derr // a simulated crash: the next batch is left unsent, as it would be
 			}
-			// The batch claimed meanwhile is delivered all the same: its
-			// rows would otherwise wait for their lease to expire.
+			// The batch read meanwhile is delivered all the same.
 			r.log.ErrorContext(ctx, "outbox relay cycle failed", "error", derr)
 		}
 	}
 }
 
-// prepare claims one batch and settles its shadow rows (O7). It returns
-// the rows to send and how many rows it claimed.
-func (r *Relay) prepare(ctx context.Context) (batch []leased, n int, err error) {
-	batch, err = r.claim(ctx)
+// prepare reads one batch, skipping the rows of inFlight, and settles its
+// shadow rows (O7). It returns the rows to send and how many rows it read.
+func (r *Relay) prepare(ctx context.Context, inFlight []leased) (batch []leased, n int, err error) {
+	batch, err = r.claim(ctx, inFlight)
 	r.rounds.Add(1)
 	if err != nil || len(batch) == 0 {
 		return nil, 0, err
@@ -474,7 +498,7 @@ func (r *Relay) deliver(ctx context.Context, cl *kgo.Client, start time.Time, ba
 	// what hands the rows over to a successor.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
-	confirmed, err := r.settle(sctx, batch[0].LeaseToken, outcomes)
+	confirmed, err := r.settle(sctx, fenceOf(claimsOf(batch)), outcomes)
 	if err != nil {
 		return err
 	}
@@ -501,12 +525,12 @@ func (r *Relay) shadow(ctx context.Context, batch []leased) ([]leased, error) {
 	defer cancel()
 	outs, err := r.compareShadow(sctx, shadows)
 	if err == nil {
-		err = r.settleShadow(sctx, shadows[0].LeaseToken, outs)
+		err = r.settleShadow(sctx, outs)
 	}
 	if err != nil {
-		// The shadow rows stay leased and are compared again once the lease
-		// expires; the others are sent now.
-		r.log.ErrorContext(ctx, "outbox shadow comparison failed; retrying after the lease", "error", err, "events", len(shadows))
+		// The shadow rows stay pending and are compared again at the
+		// next read; the others are sent now.
+		r.log.ErrorContext(ctx, "outbox shadow comparison failed; retrying at the next read", "error", err, "events", len(shadows))
 	}
 	return rest, nil
 }

@@ -58,11 +58,16 @@ func (r *Relay) compareShadow(ctx context.Context, rows []*leased) ([]shadowOutc
 	return out, nil
 }
 
-// settleShadow marks compared shadow rows delivered, fenced by the lease
-// token, and records each comparison. A row whose lease was lost is left
-// to the relay that owns it now.
-func (r *Relay) settleShadow(ctx context.Context, token uuid.UUID, outs []shadowOutcome) error {
-	p := outboxdb.ShadowSettleParams{LeaseToken: token}
+// settleShadow marks compared shadow rows delivered, fenced by the epochs
+// of their partitions, and records each comparison. A row whose partition
+// was taken over is left to the relay that owns it now.
+func (r *Relay) settleShadow(ctx context.Context, outs []shadowOutcome) error {
+	claims := make([]claim, len(outs))
+	for i := range outs {
+		claims[i] = outs[i].claim
+	}
+	f := fenceOf(claims)
+	p := outboxdb.ShadowSettleParams{Owner: r.cfg.Owner, FencePartitions: f.partitions, FenceEpochs: f.epochs}
 	for _, o := range outs {
 		p.EventIDs = append(p.EventIDs, o.EventID)
 		p.EventTypes = append(p.EventTypes, o.EventType)
@@ -84,7 +89,7 @@ func (r *Relay) settleShadow(ctx context.Context, token uuid.UUID, outs []shadow
 	for i := range outs {
 		o := &outs[i]
 		if !matched[o.EventID] {
-			continue // the lease was lost; the new owner compares it again
+			continue // the partition was taken over; the new owner compares it again
 		}
 		r.metrics.shadow.WithLabelValues(o.EventType, o.result).Inc()
 		if o.result != ShadowMatch {

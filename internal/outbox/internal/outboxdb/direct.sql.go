@@ -99,24 +99,29 @@ func (q *Queries) DirectLogInsert(ctx context.Context, arg DirectLogInsertParams
 }
 
 const shadowSettle = `-- name: ShadowSettle :many
-WITH r AS (
-    SELECT unnest($1::uuid[]) AS event_id,
-           unnest($2::text[]) AS event_type,
-           unnest($3::text[]) AS result,
-           unnest($4::text[]) AS detail
+WITH fence AS (
+    SELECT p.partition
+    FROM outbox_relay_partition p
+    JOIN (SELECT unnest($1::integer[]) AS partition,
+                 unnest($2::bigint[])      AS epoch) f
+      ON f.partition = p.partition AND f.epoch = p.epoch
+    WHERE p.owner = $3::text
+    FOR SHARE OF p
+), r AS (
+    SELECT unnest($4::uuid[]) AS event_id,
+           unnest($5::text[]) AS event_type,
+           unnest($6::text[]) AS result,
+           unnest($7::text[]) AS detail
 ), done AS (
     UPDATE outbox o
     SET state            = 'delivered',
         delivered_at     = now(),
         broker_partition = l.broker_partition,
-        broker_offset    = l.broker_offset,
-        lease_owner      = NULL,
-        lease_token      = NULL,
-        lease_expires_at = NULL
+        broker_offset    = l.broker_offset
     FROM r LEFT JOIN outbox_direct_log l ON l.event_id = r.event_id
     WHERE o.event_id = r.event_id
-      AND o.lease_token = $5::uuid
       AND o.state = 'pending'
+      AND o.relay_partition IN (SELECT partition FROM fence)
     RETURNING o.event_id
 ), logged AS (
     INSERT INTO outbox_direct_log (event_id, event_type, publish_mode, shadow_result, shadow_detail, shadow_at)
@@ -131,26 +136,30 @@ SELECT event_id FROM done
 `
 
 type ShadowSettleParams struct {
-	EventIDs   []uuid.UUID
-	EventTypes []string
-	Results    []string
-	Details    []string
-	LeaseToken uuid.UUID
+	FencePartitions []int32
+	FenceEpochs     []int64
+	Owner           string
+	EventIDs        []uuid.UUID
+	EventTypes      []string
+	Results         []string
+	Details         []string
 }
 
-// Settles the shadow rows of one claim: nothing was sent by the relay, the
+// Settles the shadow rows of one read: nothing was sent by the relay, the
 // direct path did it. Each row becomes delivered at the broker position the
-// direct path logged, fenced by the lease token like a confirm, and the
-// comparison's result goes to the log (a row with only the result when the
-// direct path logged nothing). Rows not returned were lost to another
-// relay, which compares them again.
+// direct path logged, fenced by the partition epoch like a confirm
+// (OutboxConfirm), and the comparison's result goes to the log (a row with
+// only the result when the direct path logged nothing). Rows not returned
+// were lost to another relay, which compares them again.
 func (q *Queries) ShadowSettle(ctx context.Context, arg ShadowSettleParams) ([]uuid.UUID, error) {
 	rows, err := q.db.Query(ctx, shadowSettle,
+		arg.FencePartitions,
+		arg.FenceEpochs,
+		arg.Owner,
 		arg.EventIDs,
 		arg.EventTypes,
 		arg.Results,
 		arg.Details,
-		arg.LeaseToken,
 	)
 	if err != nil {
 		return nil, err

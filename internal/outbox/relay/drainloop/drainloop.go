@@ -1,9 +1,10 @@
-// Package drainloop drains the outbox with the relay's own claim and
-// confirm statements and no broker: claim a batch, confirm it at made-up
-// broker positions, repeat. It is the ceiling a relay's throughput is
-// measured against (cmd/bench): what the relay could reach if sending
-// cost nothing. It is for benchmarks only; it marks rows delivered that
-// were never sent.
+// Package drainloop drains the outbox with the relay's own read and
+// confirm statements and no broker: take every partition, read a batch,
+// confirm it at made-up broker positions under the partitions' epochs,
+// repeat. It is the ceiling a relay's throughput is measured against
+// (cmd/bench): what the relay could reach if sending cost nothing. It is
+// for benchmarks only; it marks rows delivered that were never sent, and
+// it must not run beside a relay on the same database.
 //
 // It lives in the outbox's directory because the statements it runs are
 // the outbox's generated code, which is private to the unit.
@@ -18,27 +19,47 @@ import (
 	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 )
 
-// Drain claims and confirms batches of at most batch rows on db until a
-// claim comes back empty, treating every event type as strictly ordered,
-// and returns how many rows it confirmed. db is a connection or a
-// transaction of the outbox's database (a *pgxpool.Conn, a pgx.Tx).
-func Drain(ctx context.Context, db outboxdb.DBTX, batch int) (int, error) {
+const owner = "bench-sql-loop"
+
+// Drain takes every free partition, reads and confirms batches of at most
+// batch rows on db until a read comes back empty, treating every event
+// type as strictly ordered, gives the partitions back and returns how many
+// rows it confirmed. db is a connection or a transaction of the outbox's
+// database (a *pgxpool.Conn, a pgx.Tx).
+func Drain(ctx context.Context, db outboxdb.DBTX, batch int) (n int, err error) {
 	q := outboxdb.New(db)
-	var n int
+	owned, err := q.RelayPartitionsAcquire(ctx, outboxdb.RelayPartitionsAcquireParams{
+		Owner: owner, LeaseSeconds: 3600, MaxPartitions: 1 << 20,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("take partitions: %w", err)
+	}
+	var fence outboxdb.OutboxConfirmParams
+	fence.Owner = owner
+	for _, p := range owned {
+		fence.FencePartitions = append(fence.FencePartitions, p.Partition)
+		fence.FenceEpochs = append(fence.FenceEpochs, p.Epoch)
+	}
+	defer func() {
+		if _, gerr := q.RelayPartitionsGiveBack(context.WithoutCancel(ctx), outboxdb.RelayPartitionsGiveBackParams{
+			Owner: owner, Partitions: fence.FencePartitions,
+		}); gerr != nil && err == nil {
+			err = fmt.Errorf("give back partitions: %w", gerr)
+		}
+	}()
 	var offset int64
 	for {
-		token := uuid.New()
-		rows, err := q.OutboxClaim(ctx, outboxdb.OutboxClaimParams{
-			LeaseOwner: "bench-sql-loop", LeaseToken: token, LeaseSeconds: 30,
-			IndependentTypes: []string{}, BatchSize: int32(batch),
+		rows, err := q.OutboxRead(ctx, outboxdb.OutboxReadParams{
+			Partitions: fence.FencePartitions, InFlight: []uuid.UUID{}, IndependentTypes: []string{}, BatchSize: int32(batch),
 		})
 		if err != nil {
-			return n, fmt.Errorf("claim: %w", err)
+			return n, fmt.Errorf("read: %w", err)
 		}
 		if len(rows) == 0 {
 			return n, nil
 		}
-		p := outboxdb.OutboxConfirmParams{LeaseToken: token}
+		p := fence
+		p.EventIDs, p.Partitions, p.Offsets = nil, nil, nil
 		for _, r := range rows {
 			p.EventIDs = append(p.EventIDs, r.EventID)
 			p.Partitions = append(p.Partitions, int32(offset%6))

@@ -36,7 +36,7 @@ func (q *Queries) AdminArchivedGet(ctx context.Context, eventID uuid.UUID) (Outb
 }
 
 const adminEventGet = `-- name: AdminEventGet :one
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode FROM outbox WHERE event_id = $1
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode, relay_partition FROM outbox WHERE event_id = $1
 `
 
 func (q *Queries) AdminEventGet(ctx context.Context, eventID uuid.UUID) (Outbox, error) {
@@ -65,12 +65,13 @@ func (q *Queries) AdminEventGet(ctx context.Context, eventID uuid.UUID) (Outbox,
 		&i.DeliveredAt,
 		&i.Tracestate,
 		&i.PublishMode,
+		&i.RelayPartition,
 	)
 	return i, err
 }
 
 const adminEventLock = `-- name: AdminEventLock :one
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode FROM outbox WHERE event_id = $1 FOR UPDATE
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode, relay_partition FROM outbox WHERE event_id = $1 FOR UPDATE
 `
 
 func (q *Queries) AdminEventLock(ctx context.Context, eventID uuid.UUID) (Outbox, error) {
@@ -99,6 +100,7 @@ func (q *Queries) AdminEventLock(ctx context.Context, eventID uuid.UUID) (Outbox
 		&i.DeliveredAt,
 		&i.Tracestate,
 		&i.PublishMode,
+		&i.RelayPartition,
 	)
 	return i, err
 }
@@ -174,7 +176,7 @@ func (q *Queries) AdminParked(ctx context.Context, arg AdminParkedParams) ([]Adm
 }
 
 const adminParkedForResume = `-- name: AdminParkedForResume :many
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode FROM outbox
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode, relay_partition FROM outbox
 WHERE state = 'parked'
   AND (event_id = ANY ($1::uuid[]) OR event_type = $2)
 ORDER BY event_id
@@ -218,6 +220,7 @@ func (q *Queries) AdminParkedForResume(ctx context.Context, arg AdminParkedForRe
 			&i.DeliveredAt,
 			&i.Tracestate,
 			&i.PublishMode,
+			&i.RelayPartition,
 		); err != nil {
 			return nil, err
 		}
@@ -234,7 +237,7 @@ UPDATE outbox
 SET payload = $1, schema_version = $2,
     last_error_class = 'repaired', last_error = left($3::text, 1024)
 WHERE event_id = $4 AND state = 'parked'
-RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode, relay_partition
 `
 
 type AdminRepairParams struct {
@@ -277,6 +280,7 @@ func (q *Queries) AdminRepair(ctx context.Context, arg AdminRepairParams) (Outbo
 		&i.DeliveredAt,
 		&i.Tracestate,
 		&i.PublishMode,
+		&i.RelayPartition,
 	)
 	return i, err
 }
@@ -287,7 +291,7 @@ SET state = 'pending', next_attempt_at = clock_timestamp(),
     lease_owner = NULL, lease_token = NULL, lease_expires_at = NULL
 WHERE state = 'parked'
   AND (event_id = ANY ($1::uuid[]) OR event_type = $2)
-RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode
+RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode, relay_partition
 `
 
 type AdminResumeParams struct {
@@ -329,6 +333,7 @@ func (q *Queries) AdminResume(ctx context.Context, arg AdminResumeParams) ([]Out
 			&i.DeliveredAt,
 			&i.Tracestate,
 			&i.PublishMode,
+			&i.RelayPartition,
 		); err != nil {
 			return nil, err
 		}

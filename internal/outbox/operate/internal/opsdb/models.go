@@ -33,6 +33,7 @@ type Outbox struct {
 	DeliveredAt      *time.Time
 	Tracestate       *string
 	PublishMode      string
+	RelayPartition   int32
 }
 
 type OutboxArchive struct {
