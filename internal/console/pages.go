@@ -48,9 +48,8 @@ type overviewData struct {
 	At          time.Time
 }
 
-// Heartbeats is where the overview reads each relay's last claim. It is
-// one function so that the source can change (a table of the relays'
-// partitions, say) without touching the page.
+// heartbeats is where the overview reads the live relays: their heartbeat
+// rows and the partitions each owns (internal/outbox/relay, "partitions").
 func (c *Console) heartbeats(ctx context.Context) ([]operate.RelayLease, error) {
 	return c.cfg.Admin.RelayLeases(ctx)
 }

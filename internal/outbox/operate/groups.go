@@ -375,26 +375,26 @@ func (a *Admin) EventsOfAggregate(ctx context.Context, aggregateType, aggregateI
 	return out, nil
 }
 
-// RelayLease is a relay seen through the rows it holds now: its owner
-// name, how many rows, and when its latest lease ends (its last claim
+// RelayLease is a live relay: its owner name, how many partitions of the
+// aggregates it owns now, and when its heartbeat lapses unless renewed
+// (it is renewed about every second, so this is its last sign of life
 // plus the lease).
 type RelayLease struct {
-	Owner          string    `json:"owner"`
-	Leased         int64     `json:"leased"`
-	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+	Owner      string    `json:"owner"`
+	Partitions int64     `json:"partitions"`
+	ExpiresAt  time.Time `json:"expires_at"`
 }
 
-// RelayLeases lists the relays holding leases on pending rows now. An
-// idle relay holds none, so an empty list with an empty backlog is
-// healthy; with a backlog, it means no relay is claiming.
+// RelayLeases lists the relays alive now, from their heartbeats. An empty
+// list with a backlog means no relay is running.
 func (a *Admin) RelayLeases(ctx context.Context) ([]RelayLease, error) {
 	rows, err := opsdb.New(a.pool).RelayActivity(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read relay leases: %w", err)
+		return nil, fmt.Errorf("read relay heartbeats: %w", err)
 	}
 	out := make([]RelayLease, len(rows))
 	for i, r := range rows {
-		out[i] = RelayLease{Owner: r.Owner, Leased: r.Leased, LeaseExpiresAt: r.LeaseExpiresAt}
+		out[i] = RelayLease{Owner: r.Owner, Partitions: r.Partitions, ExpiresAt: r.ExpiresAt}
 	}
 	return out, nil
 }

@@ -234,11 +234,14 @@ WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id
 ORDER BY aggregate_version;
 
 -- name: RelayActivity :many
--- What the outbox table says about its relays, without a table of their
--- own: each lease owner holding rows now, with when its lease ends.
-SELECT lease_owner::text AS owner, count(*)::bigint AS leased, max(lease_expires_at)::timestamptz AS lease_expires_at
-FROM outbox
-WHERE state = 'pending' AND lease_owner IS NOT NULL AND lease_expires_at > now()
-GROUP BY lease_owner
-ORDER BY lease_owner;
+-- The relays alive now (their heartbeat rows, renewed with their partition
+-- leases about every second) with how many partitions of the aggregates
+-- each owns. A relay that has just started may own none yet; the others
+-- give it its share within a lease.
+SELECT r.owner, count(p.partition)::bigint AS partitions, r.expires_at
+FROM outbox_relay r
+LEFT JOIN outbox_relay_partition p ON p.owner = r.owner AND p.lease_expires_at > now()
+WHERE r.expires_at > now()
+GROUP BY r.owner, r.expires_at
+ORDER BY r.owner;
 

@@ -696,7 +696,7 @@ func (q *Queries) EventsByTrace(ctx context.Context, traceID string) ([]EventsBy
 }
 
 const groupParkedLock = `-- name: GroupParkedLock :many
-SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode FROM outbox
+SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode, relay_partition FROM outbox
 WHERE state = 'parked' AND event_id = ANY ($1::uuid[])
 ORDER BY event_id
 FOR UPDATE
@@ -736,6 +736,7 @@ func (q *Queries) GroupParkedLock(ctx context.Context, eventIds []uuid.UUID) ([]
 			&i.DeliveredAt,
 			&i.Tracestate,
 			&i.PublishMode,
+			&i.RelayPartition,
 		); err != nil {
 			return nil, err
 		}
@@ -792,21 +793,24 @@ func (q *Queries) GroupParkedRows(ctx context.Context) ([]GroupParkedRowsRow, er
 }
 
 const relayActivity = `-- name: RelayActivity :many
-SELECT lease_owner::text AS owner, count(*)::bigint AS leased, max(lease_expires_at)::timestamptz AS lease_expires_at
-FROM outbox
-WHERE state = 'pending' AND lease_owner IS NOT NULL AND lease_expires_at > now()
-GROUP BY lease_owner
-ORDER BY lease_owner
+SELECT r.owner, count(p.partition)::bigint AS partitions, r.expires_at
+FROM outbox_relay r
+LEFT JOIN outbox_relay_partition p ON p.owner = r.owner AND p.lease_expires_at > now()
+WHERE r.expires_at > now()
+GROUP BY r.owner, r.expires_at
+ORDER BY r.owner
 `
 
 type RelayActivityRow struct {
-	Owner          string
-	Leased         int64
-	LeaseExpiresAt time.Time
+	Owner      string
+	Partitions int64
+	ExpiresAt  time.Time
 }
 
-// What the outbox table says about its relays, without a table of their
-// own: each lease owner holding rows now, with when its lease ends.
+// The relays alive now (their heartbeat rows, renewed with their partition
+// leases about every second) with how many partitions of the aggregates
+// each owns. A relay that has just started may own none yet; the others
+// give it its share within a lease.
 func (q *Queries) RelayActivity(ctx context.Context) ([]RelayActivityRow, error) {
 	rows, err := q.db.Query(ctx, relayActivity)
 	if err != nil {
@@ -816,7 +820,7 @@ func (q *Queries) RelayActivity(ctx context.Context) ([]RelayActivityRow, error)
 	items := []RelayActivityRow{}
 	for rows.Next() {
 		var i RelayActivityRow
-		if err := rows.Scan(&i.Owner, &i.Leased, &i.LeaseExpiresAt); err != nil {
+		if err := rows.Scan(&i.Owner, &i.Partitions, &i.ExpiresAt); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
