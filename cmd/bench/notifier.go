@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -110,7 +111,7 @@ func (b *bench) notifierServe(ctx context.Context, db, broker, smtpAddr, ordersB
 	if err != nil {
 		return nil, err
 	}
-	p, err := b.start("notifier serve", b.bins["notifier"], map[string]string{
+	env := map[string]string{
 		"DATABASE_URL":       b.dbURL(db),
 		"HTTP_ADDR":          addr,
 		"KAFKA_BROKERS":      broker,
@@ -120,7 +121,11 @@ func (b *bench) notifierServe(ctx context.Context, db, broker, smtpAddr, ordersB
 		"SMTP_ADDR":          smtpAddr,
 		"ORDERS_API_URL":     ordersBase,
 		"ORDERS_API_TOKEN":   notifierToken,
-	}, "serve")
+	}
+	if b.opts.Senders > 0 {
+		env["EMAIL_SENDERS"] = strconv.Itoa(b.opts.Senders)
+	}
+	p, err := b.start("notifier serve", b.bins["notifier"], env, "serve")
 	if err != nil {
 		return nil, err
 	}
@@ -281,7 +286,7 @@ func (b *bench) notifierScenario(ctx context.Context) error {
 		Note: fmt.Sprintf("notifier: `notifier serve` on a fresh database with KAFKA_START_OFFSET=earliest, from the first received_at to the last processed_at of its inbox; SQL loop: per record the inbox marker, the aggregate version row (ensure, lock, advance), the projection (read, upsert) and the email row, %d records per transaction, one connection", notifierBatch)})
 	b.rep.add(result{Scenario: sc, Figure: "notifier sender", Value: sendRate, Unit: "emails/s",
 		Reference: "SMTP loop, one connection", RefValue: loopRate, Target: "ratio >= 0.8",
-		Note: fmt.Sprintf("sender: emails the benchmark's SMTP sink accepted from `notifier serve` (EMAIL_SENDERS default) over %s once the backlog was applied, the ledger still full; loop: the benchmark sending emails of the same shape to the same sink, one after another on one connection, for as long", window)})
+		Note: fmt.Sprintf("sender: emails the benchmark's SMTP sink accepted from `notifier serve` (%s) over %s once the backlog was applied, the ledger still full; loop: the benchmark sending emails of the same shape to the same sink, one after another on one connection, for as long", b.sendersNote(), window)})
 	b.rep.add(result{Scenario: sc, Figure: "notifier apply / SQL pipeline", Value: rate, Unit: "records/s",
 		Reference: "notifier SQL pipeline", RefValue: pipeRate, Target: "-",
 		Note: "SQL pipeline: the same statements, each transaction's sent as one pipelined batch (no round trip per statement)"})
@@ -409,4 +414,12 @@ func applyOne(ctx context.Context, tx pgx.Tx, e event) error {
 		}
 	}
 	return nil
+}
+
+// sendersNote names the notifier's EMAIL_SENDERS in a result's note.
+func (b *bench) sendersNote() string {
+	if b.opts.Senders > 0 {
+		return fmt.Sprintf("EMAIL_SENDERS=%d", b.opts.Senders)
+	}
+	return "EMAIL_SENDERS default"
 }

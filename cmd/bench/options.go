@@ -22,6 +22,7 @@ type options struct {
 	Tiny       bool
 	KeepLogs   bool
 	RelayBatch int // RELAY_BATCH_SIZE for the relay and its SQL references; 0: the service's default
+	Senders    int // EMAIL_SENDERS for every notifier serve; 0: the service's default
 
 	Backlog         int
 	APIDuration     time.Duration
@@ -60,6 +61,7 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.Tiny, "tiny", false, "shrink every size and duration not set explicitly, to run in about a minute (CI)")
 	fs.BoolVar(&o.KeepLogs, "keep-logs", false, "keep the temporary directory with the binaries and the processes' logs")
 	fs.IntVar(&o.RelayBatch, "relay-batch", 0, "RELAY_BATCH_SIZE for the relay and the SQL references (0: the service's default)")
+	fs.IntVar(&o.Senders, "email-senders", 0, "EMAIL_SENDERS for notifier serve in every scenario (0: the service's default)")
 	fs.IntVar(&o.Backlog, "backlog", 200000, "relay: committed events in the backlog")
 	fs.DurationVar(&o.APIDuration, "api-duration", 30*time.Second, "api: duration of each load run")
 	fs.IntVar(&o.Conns, "conns", 32, "api: concurrent connections")
