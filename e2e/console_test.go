@@ -485,7 +485,13 @@ func (tb *tab) shot(name string) {
 	if tb.b.shots == "" {
 		return
 	}
-	buf, err := chromedp.Run(tb.ctx, chromedp.FullScreenshot(100))
+	// A page longer than three screens (a group of hundreds of events,
+	// their audit entries) is shot as its first screen.
+	action := chromedp.FullScreenshot(100)
+	if tb.count("main tr") > 60 {
+		action = chromedp.CaptureScreenshot()
+	}
+	buf, err := chromedp.Run(tb.ctx, action)
 	require.NoError(tb.t, err)
 	require.NoError(tb.t, os.WriteFile(filepath.Join(tb.b.shots, name+".png"), buf, 0o644))
 }
