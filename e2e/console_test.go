@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -40,10 +39,13 @@ const bulkOrders = 300
 // in headless Chromium (Debian's, never a downloaded one), with the
 // notifier and the SMTP sink running, over one chain:
 //
-//   - failure groups: events parked under three failures, one group of
-//     bulkOrders events; the counts on the page equal the database's; the
-//     big group resumed from its page (the confirm dialog accepted) drains
-//     to zero with an audit entry per event naming the operator;
+//   - failure groups: events the relay parks itself under three failures
+//     (a schema version it lacks, a record larger than the producer takes,
+//     an unknown event type), one group of bulkOrders events; the counts
+//     on the page equal the database's; the big group, repaired to the
+//     schema version its payloads fit and resumed from its page (the
+//     confirm dialogs accepted), drains to zero with an audit entry per
+//     event naming the operator;
 //   - one email's journey: every hop on the page (outbox row, broker
 //     partition and offset, audit, order history, inbox marker, inbox and
 //     projection versions, ledger row) equals the databases, and its
@@ -69,38 +71,48 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.NoError(t, err, "the console test needs Debian's chromium at %s: run scripts/install-chromium.sh (as root; make test and .ci/run do)", chromium)
 
 	notifierAddr := freeAddr(t)
+	// A producer limit of 4 KiB: an event larger than that is parked by
+	// the relay as message_too_large, as one larger than the broker's
+	// message.max.bytes would be.
 	consoleEnv := map[string]string{"AUTH_TOKENS": consoleTokens, "CONSOLE_NOTIFIER_URL": "http://" + notifierAddr,
-		"CONSOLE_NOTIFIER_TOKEN": "dev-ops", "CONSOLE_MAILPIT_URL": consoleMailpit}
+		"CONSOLE_NOTIFIER_TOKEN": "dev-ops", "CONSOLE_MAILPIT_URL": consoleMailpit, "KAFKA_MAX_MESSAGE_BYTES": "4096"}
 	c := newChain(t, consoleEnv)
+	delete(consoleEnv, "KAFKA_MAX_MESSAGE_BYTES")
 	notifier := start(t, "notifier", c.notifierEnv(map[string]string{"AUTH_TOKENS": consoleTokens, "HTTP_ADDR": notifierAddr}), "serve")
 	waitReady(t, notifier, "http://"+notifierAddr+"/readyz")
 	began := time.Now().UTC().Add(-time.Minute)
 	orderIDs := c.traffic(t)
-	bulk := make([]string, 0, bulkOrders)
-	for i := range bulkOrders {
-		status, body, err := c.client.call("POST", "/orders", "", newOrder(fmt.Sprintf("bulk%d@example.com", i)))
-		require.NoError(t, err)
-		require.Equal(t, http.StatusCreated, status)
-		bulk = append(bulk, body["id"].(string))
-	}
-	require.Eventually(t, func() bool { return c.undelivered(t) == 0 }, time.Minute, 100*time.Millisecond)
 	ctx := context.Background()
-	// Park delivered events as the relay parks a failure (a shortcut: the
-	// relay's own parking is tested in internal/outbox/relay), under three
-	// failures: the bulk orders' events for a schema version not
-	// registered, the payments for a record larger than the broker takes,
-	// and one with a hostile error text and payload.
-	_, err = c.odb.Pool.Exec(ctx, `UPDATE outbox SET state = 'parked', attempts = 5, last_error_class = 'unknown_schema_version',
-		last_error = 'event ' || event_id || ': schema version 7 is not registered'
-		WHERE aggregate_id = ANY($1::text[])`, bulk)
+	// Events the relay parks on its own, under three failures, written
+	// around the Writer as newer code or a hand would write them: the bulk
+	// orders' placements in a schema version this relay lacks (a valid
+	// version 1 payload: a repair to version 1 removes the cause), records
+	// larger than the producer takes, and events of a type no relay knows,
+	// one with a hostile name and payload. Each on an order of its own (a
+	// parked event holds back its order's later ones, R6).
+	rows, err := c.odb.Pool.Query(ctx, `WITH src AS (SELECT payload FROM outbox WHERE aggregate_id = $1 AND event_type = 'order.placed'),
+		ids AS (SELECT i, gen_random_uuid() AS id FROM generate_series(1, $2::int) i)
+		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
+		SELECT gen_random_uuid(), 'order', ids.id::text, 1, 'order.placed', 2,
+		       jsonb_set(jsonb_set(src.payload, '{order_id}', to_jsonb(ids.id::text)), '{email}', to_jsonb('bulk' || ids.i || '@example.com'))
+		FROM src, ids ORDER BY ids.i RETURNING aggregate_id`, orderIDs[1], bulkOrders)
 	require.NoError(t, err)
-	_, err = c.odb.Pool.Exec(ctx, `UPDATE outbox SET state = 'parked', attempts = 1, last_error_class = 'record_too_large',
-		last_error = 'record of ' || (1048576 + aggregate_version) || ' bytes exceeds the broker''s message.max.bytes (1048576)'
-		WHERE event_type = 'order.paid'`)
+	bulk := make([]string, 0, bulkOrders)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		bulk = append(bulk, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, bulk, bulkOrders)
+	_, err = c.odb.Pool.Exec(ctx, `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
+		SELECT gen_random_uuid(), 'order', gen_random_uuid()::text, 1, 'order.placed', 1,
+		       jsonb_build_object('note', repeat('x', 6000 + i))
+		FROM generate_series(1, 3) i`)
 	require.NoError(t, err)
-	_, err = c.odb.Pool.Exec(ctx, `UPDATE outbox SET state = 'parked', attempts = 5, last_error_class = 'invalid',
-		last_error = '<script>alert(1)</script>', payload = '{"note": "<script>alert(2)</script>"}'::jsonb
-		WHERE aggregate_id = $1 AND event_type = 'order.placed'`, orderIDs[0])
+	_, err = c.odb.Pool.Exec(ctx, `INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload)
+		VALUES (gen_random_uuid(), 'order', gen_random_uuid()::text, 1, 'order.voided', 1, '{"note": "a type of newer code"}'),
+		       (gen_random_uuid(), 'order', gen_random_uuid()::text, 1, 'order.<script>alert(1)</script>', 1, '{"note": "<script>alert(2)</script>"}')`)
 	require.NoError(t, err)
 	parkedByClass := func() map[string]int {
 		rows, err := c.odb.Pool.Query(ctx, `SELECT last_error_class, count(*) FROM outbox WHERE state = 'parked' GROUP BY 1`)
@@ -116,7 +128,12 @@ func TestConsoleInABrowser(t *testing.T) {
 		require.NoError(t, rows.Err())
 		return out
 	}
-	require.Equal(t, map[string]int{"unknown_schema_version": bulkOrders, "record_too_large": 3, "invalid": 1}, parkedByClass())
+	want := map[string]int{"unknown_schema_version": bulkOrders, "message_too_large": 3, "unknown_event_type": 2}
+	waitFor(t, time.Minute, 100*time.Millisecond, "the relay parks the events it cannot publish", func() (bool, string) {
+		got := parkedByClass()
+		return fmt.Sprint(got) == fmt.Sprint(want), fmt.Sprint(got)
+	})
+	require.Zero(t, c.undelivered(t)-bulkOrders-5, "every other event is delivered")
 
 	b := newBrowser(t)
 	base := "http://" + c.ordersAddr
@@ -137,24 +154,34 @@ func TestConsoleInABrowser(t *testing.T) {
 	groups := a.text("#main")
 	a.shot("groups")
 	a.axe("groups")
-	require.Contains(t, groups, "event <id>: schema version <n> is not registered")
-	require.Contains(t, groups, "<script>alert(<n>)</script>", "hostile text shown as text")
+	require.Contains(t, groups, "event type <v> has no schema version <n> in this relay")
+	require.Contains(t, groups, "order.<script>alert(1)</script>", "a hostile event type shown as text")
 	onPage := map[string]int{}
 	for _, row := range a.strings(`Array.from(document.querySelectorAll("main tbody tr")).map(r => r.cells[2].textContent + "=" + r.cells[4].dataset.count)`) {
 		class, n, ok := strings.Cut(row, "=")
 		require.True(t, ok, row)
-		onPage[class], err = strconv.Atoi(n)
+		count, err := strconv.Atoi(n)
 		require.NoError(t, err)
+		onPage[class] += count
 	}
 	require.Equal(t, parkedByClass(), onPage, "the groups' counts on the page are the database's")
-	tooLarge := a.attr(`//tr[td[text()="record_too_large"]]//a`, "href")
+	tooLarge := a.attr(`//tr[td[text()="message_too_large"]]//a`, "href")
 
 	a.do(chromedp.Click(chromedp.Search(`//tr[td[text()="unknown_schema_version"]]//a`)), chromedp.WaitVisible(chromedp.ID("resume-reason")))
 	group := a.text("#main")
 	a.shot("group")
 	a.axe("group")
 	require.Contains(t, group, fmt.Sprintf("This will resume %d events", bulkOrders))
-	a.do(chromedp.SendKeys(chromedp.ID("resume-reason"), "schema v7 deployed"), chromedp.Click(chromedp.ID("resume-group")),
+	// The cause removed first: the group repaired to schema version 1,
+	// after which its events form the group of repaired events.
+	a.do(chromedp.SendKeys(chromedp.ID("repair-version"), "1"), chromedp.SendKeys(chromedp.ID("repair-reason"), "written by newer code: version 1 payload"),
+		chromedp.Click(chromedp.Search(`//button[starts-with(text(), "Repair")]`)), chromedp.WaitVisible(chromedp.CSS("#job-state[data-finished]")))
+	require.Contains(t, a.text("#main"), fmt.Sprintf("%d of %d done", bulkOrders, bulkOrders))
+	require.Equal(t, bulkOrders, parkedByClass()["repaired"])
+	a.do(chromedp.Navigate(base+"/console/groups"), chromedp.WaitVisible(chromedp.CSS("table")),
+		chromedp.Click(chromedp.Search(`//tr[td[text()="repaired"]]//a`)), chromedp.WaitVisible(chromedp.ID("resume-reason")))
+	require.Contains(t, a.text("#main"), fmt.Sprintf("This will resume %d events", bulkOrders))
+	a.do(chromedp.SendKeys(chromedp.ID("resume-reason"), "schema v2 rows repaired to v1"), chromedp.Click(chromedp.ID("resume-group")),
 		chromedp.WaitVisible(chromedp.CSS("#job-state[data-finished]")))
 	job := a.text("#main")
 	a.shot("job")
@@ -166,11 +193,13 @@ func TestConsoleInABrowser(t *testing.T) {
 		return n == 0
 	}, time.Minute, 100*time.Millisecond, "the group drains: the relay delivers the resumed events")
 	require.NotContains(t, parkedByClass(), "unknown_schema_version")
+	require.NotContains(t, parkedByClass(), "repaired")
 	var audited int
 	require.NoError(t, c.odb.Pool.QueryRow(ctx, `SELECT count(DISTINCT target) FROM outbox_audit WHERE actor = 'ops' AND action = 'resume'`).Scan(&audited))
 	require.Equal(t, bulkOrders, audited, "one audit entry per event, naming the operator")
 	a.do(chromedp.Navigate(base+"/console/groups"), chromedp.WaitVisible(chromedp.CSS("table")))
 	require.NotContains(t, a.text("#main"), "unknown_schema_version", "the group is gone from the page")
+	require.NotContains(t, a.text("#main"), "repaired")
 
 	// (b) One email's journey: a resumed event, delivered twice, applied
 	// once by the notifier, its email sent once.
@@ -202,7 +231,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, strconv.FormatInt(offset, 10), a.text("#broker-offset"))
 	audit := a.text(`section[aria-labelledby="audit"]`)
 	require.Contains(t, audit, "ops")
-	require.Contains(t, audit, "schema v7 deployed")
+	require.Contains(t, audit, "schema v2 rows repaired to v1")
+	require.Contains(t, audit, "written by newer code: version 1 payload")
 	require.Contains(t, a.text(`section[aria-labelledby="history"] tr.current`), "order.placed")
 	require.Equal(t, "applied (version 1)", a.text("#inbox-outcome"))
 	require.NotEqual(t, "-", a.text("#inbox-received"))
@@ -271,7 +301,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	}
 	require.Equal(t, 403, v.post(tooLarge+"/resume", true), "a viewer's forged write is refused")
 	require.Equal(t, 403, a.post(tooLarge+"/resume", false), "a write without the CSRF token is refused")
-	require.Equal(t, 3, parkedByClass()["record_too_large"], "the refused writes changed nothing")
+	require.Equal(t, 3, parkedByClass()["message_too_large"], "the refused writes changed nothing")
 
 	// A second orders process, read only, on the same database.
 	roAddr := freeAddr(t)
@@ -292,11 +322,11 @@ func TestConsoleInABrowser(t *testing.T) {
 		r.noWriteControl(roBase + p)
 	}
 	require.Equal(t, 403, r.post(tooLarge+"/resume", true), "the read-only console refuses an admin's write")
-	require.Equal(t, 3, parkedByClass()["record_too_large"])
+	require.Equal(t, 3, parkedByClass()["message_too_large"])
 
 	// The hostile payload shows as text.
 	var hostile string
-	require.NoError(t, c.odb.Pool.QueryRow(ctx, `SELECT event_id::text FROM outbox WHERE state = 'parked' AND last_error_class = 'invalid'`).Scan(&hostile))
+	require.NoError(t, c.odb.Pool.QueryRow(ctx, `SELECT event_id::text FROM outbox WHERE event_type LIKE '%<script>%'`).Scan(&hostile))
 	a.do(chromedp.Navigate(base+"/console/events/"+hostile), chromedp.WaitVisible(chromedp.ID("payload")))
 	a.axe("event (hostile)")
 	require.Contains(t, a.text("#payload"), `"note": "<script>alert(2)</script>"`, "the payload shows as text")
