@@ -243,6 +243,7 @@ func TestConsoleInABrowser(t *testing.T) {
 	require.Equal(t, smtpReply, a.text(`tr[data-this-event] .smtp-reply`))
 	require.Equal(t, consoleMailpit+"/search?q="+url.QueryEscape("message-id:"+strings.Trim(messageID, "<>")),
 		a.attr(`//tr[@data-this-event]//a[text()="in Mailpit"]`, "href"))
+	require.Equal(t, consoleMailpit+"/search?q="+bulk[0], a.attr(`//a[text()="Search Mailpit for this order's emails"]`, "href"))
 
 	// (c) Four eyes: ops plans, ops2 approves and runs.
 	duplicatesBefore := a.metric("http://"+notifierAddr+"/metrics", "inbox_duplicates_total", `event_type="order.cancelled"`)
