@@ -326,3 +326,27 @@ RETURNING id, at;
 
 -- name: AdminAuditListForTarget :many
 SELECT * FROM admin_audit WHERE target = @target ORDER BY id;
+
+-- name: JourneyInboxMarker :one
+-- The notifier's part of one event's journey (admin API): the inbox's
+-- marker of the event, when it has one (no row: never received, or cleaned
+-- up after the inbox's TTL), with the version the inbox holds for its
+-- aggregate now.
+SELECT p.event_id, p.aggregate_type, p.aggregate_id, p.aggregate_version, p.event_type, p.outcome,
+       p.received_at, p.processed_at, a.last_version AS inbox_version
+FROM processed_event p
+LEFT JOIN inbox_aggregate a ON a.aggregate_type = p.aggregate_type AND a.aggregate_id = p.aggregate_id
+WHERE p.event_id = @event_id;
+
+-- name: JourneyInboxVersion :one
+-- The version the inbox holds for an aggregate, for a journey whose event
+-- has no marker.
+SELECT last_version FROM inbox_aggregate WHERE aggregate_type = @aggregate_type AND aggregate_id = @aggregate_id;
+
+-- name: JourneyProjection :one
+-- The order's projection without its customer's address.
+SELECT order_id, status, version, last_event_id, updated_at FROM order_projection WHERE order_id = @order_id;
+
+-- name: JourneyEmailByEvent :one
+-- The ledger row of one event (event_id is unique in the ledger).
+SELECT * FROM email_send WHERE event_id = @event_id;

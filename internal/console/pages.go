@@ -263,12 +263,15 @@ func traceOf(traceparent string) string {
 
 // journey is one event's way through both services.
 type journey struct {
-	Event    operate.EventDetail
-	TraceID  string
-	History  []operate.AggregateEvent
-	Emails   []notifyapi.Email
-	Parked   []notifyapi.ParkedRecord
-	Notifier string // why the notifier's part is missing, if it is
+	Event   operate.EventDetail
+	TraceID string
+	History []operate.AggregateEvent
+	// Notify is the notifier's part: inbox marker, the order's inbox and
+	// projection versions, its ledger rows.
+	Notify notifyapi.Journey
+	Parked []notifyapi.ParkedRecord
+	// Notifier says why the notifier's part is missing, if it is.
+	Notifier string
 }
 
 func (c *Console) event(w http.ResponseWriter, r *http.Request, ss *session) {
@@ -288,25 +291,25 @@ func (c *Console) event(w http.ResponseWriter, r *http.Request, ss *session) {
 	c.render(w, r, ss, http.StatusOK, "event", j)
 }
 
-// notifierPart adds what the notifier knows of the event: its ledger rows
-// (the emails it sent for it) and any parked record of it.
+// notifierPart adds what the notifier knows of the event, in one read of
+// its admin API (GET /admin/events/{event_id}), and any parked record of
+// it among the latest parked records.
 func (c *Console) notifierPart(ctx context.Context, j *journey) {
 	cl, err := c.notifierClient()
 	if err != nil {
 		j.Notifier = err.Error()
 		return
 	}
-	for _, state := range []string{"sent", "unknown", "failed", "skipped", "pending"} {
-		list, err := cl.Emails(ctx, state, notifyapi.MaxLimit)
-		if err != nil {
-			j.Notifier = "the notifier's admin API did not answer: " + err.Error()
-			return
+	var order *uuid.UUID
+	if j.Event.AggregateType == c.cfg.AggregateType {
+		if id, err := uuid.Parse(j.Event.AggregateID); err == nil {
+			order = &id
 		}
-		for _, e := range list.Emails {
-			if e.EventID == j.Event.EventID {
-				j.Emails = append(j.Emails, e)
-			}
-		}
+	}
+	j.Notify, err = cl.Journey(ctx, j.Event.EventID, order)
+	if err != nil {
+		j.Notifier = "the notifier's admin API did not answer: " + err.Error()
+		return
 	}
 	parked, err := cl.Parked(ctx, notifyapi.ParkedQuery{All: true, Limit: notifyapi.MaxLimit})
 	if err == nil {

@@ -107,6 +107,16 @@ func (c *Console) funcs() template.FuncMap {
 			}
 			return strings.TrimRight(c.cfg.MailpitURL, "/") + "/search?q=" + url.QueryEscape(text)
 		},
+		// mailpitMessage links to Mailpit's search for one Message-ID
+		// (its "message-id:" filter matches the ID without its angle
+		// brackets).
+		"mailpitMessage": func(messageID string) string {
+			id := strings.Trim(messageID, "<>")
+			if c.cfg.MailpitURL == "" || id == "" {
+				return ""
+			}
+			return strings.TrimRight(c.cfg.MailpitURL, "/") + "/search?q=" + url.QueryEscape("message-id:"+id)
+		},
 		"traceLink": func(traceID string) string {
 			if c.cfg.TraceURL == "" || traceID == "" {
 				return ""

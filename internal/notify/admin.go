@@ -258,6 +258,13 @@ type LedgerEmail struct {
 	Resolution     string
 	ResolvedBy     string
 	ResolvedAt     *time.Time
+	// MessageID is the Message-ID header every send of this email carries.
+	MessageID string
+	// AggregateVersion is the order's version the email is about (none
+	// on rows written before versions were recorded).
+	AggregateVersion *int64
+	// SMTPReply is the server's answer to the accepted send.
+	SMTPReply string
 }
 
 func ledgerEmail(r notifydb.EmailSend) LedgerEmail {
@@ -271,7 +278,7 @@ func ledgerEmail(r notifydb.EmailSend) LedgerEmail {
 		OperationKey: r.OperationKey, EventID: r.EventID, EventType: r.EventType, OrderID: r.OrderID, State: r.State,
 		Attempts: int(r.Attempts), CreatedAt: r.CreatedAt, SentAt: r.SentAt, SkipReason: d(r.SkipReason),
 		LastErrorClass: d(r.LastErrorClass), LastError: d(r.LastError), Resolution: d(r.Resolution), ResolvedBy: d(r.ResolvedBy),
-		ResolvedAt: r.ResolvedAt,
+		ResolvedAt: r.ResolvedAt, MessageID: r.MessageID, AggregateVersion: r.AggregateVersion, SMTPReply: d(r.SMTPReply),
 	}
 }
 

@@ -10,6 +10,9 @@
 //	GET  /admin/conflicts                     events that claimed a version another owns, and the verdict
 //	GET  /admin/emails?state=unknown          send-ledger rows in a state
 //	POST /admin/emails/{operation_key}/resolve {"resolution": "sent|resend|failed", "reason": "..."}
+//	GET  /admin/events/{event_id}             the notifier's part of the event's journey: inbox marker, the
+//	                                          order's inbox and projection versions, its ledger rows
+//	                                          (?order_id= names the order when the notifier never saw the event)
 //
 // Every answer is JSON; every error an RFC 9457 problem. Input is checked
 // before a handler runs, by the rule the outbox's operations share
@@ -116,6 +119,7 @@ func New(cfg Config) http.Handler {
 		r.Get("/admin/conflicts", a.listConflicts)
 		r.Get("/admin/emails", a.listEmails)
 		r.Post("/admin/emails/{operation_key}/resolve", a.resolveEmail)
+		r.Get("/admin/events/{event_id}", a.getJourney)
 	})
 	return r
 }
@@ -364,6 +368,29 @@ func (a *api) resolveEmail(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, ResolveResult{Email: email(res.Email), Resolution: in.Resolution, AuditID: res.Audit.ID})
+}
+
+func (a *api) getJourney(w http.ResponseWriter, r *http.Request) {
+	id, err := uuid.Parse(chi.URLParam(r, "event_id"))
+	if err != nil {
+		invalid(w, []problem.FieldError{{Field: "event_id", Message: "must be a UUID"}})
+		return
+	}
+	var order *uuid.UUID
+	if s := r.URL.Query().Get("order_id"); s != "" {
+		o, err := uuid.Parse(s)
+		if err != nil {
+			invalid(w, []problem.FieldError{{Field: "order_id", Message: "must be a UUID"}})
+			return
+		}
+		order = &o
+	}
+	j, err := a.admin.Journey(r.Context(), id, order)
+	if err != nil {
+		a.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, journey(j))
 }
 
 // fail maps the admin's errors to problems. An error it does not know is

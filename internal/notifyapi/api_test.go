@@ -640,3 +640,73 @@ func TestHeldDrop(t *testing.T) {
 	require.True(t, parked.Events[0].Rejected)
 	require.Equal(t, "ops", parked.Events[0].RejectedBy)
 }
+
+// TestJourney (O9): the notifier's part of one event's journey, read
+// after the inbox took the event: its marker, the order's inbox and
+// projection versions, and the ledger row with its Message-ID. An event
+// the notifier never saw answers with what there is; the order can be
+// named when the event is unknown.
+func TestJourney(t *testing.T) {
+	t.Parallel()
+	w := setup(t)
+	ctx := context.Background()
+	r := orderRecord(1)
+	e, err := notify.DecodeRecord(r)
+	require.NoError(t, err)
+	_, err = w.ib.Handle(ctx, e)
+	require.NoError(t, err)
+	_, err = w.pool.Exec(ctx, "UPDATE email_send SET state = 'sent', sent_at = now(), smtp_reply = '250 2.0.0 queued as 7' WHERE event_id = $1", e.ID)
+	require.NoError(t, err)
+	orderID := uuid.MustParse(e.AggregateID)
+
+	j, err := w.admin.Journey(ctx, e.ID, nil)
+	require.NoError(t, err)
+	require.Equal(t, e.ID, j.EventID)
+	require.NotNil(t, j.OrderID, "the order is the one the marker names")
+	require.Equal(t, orderID, *j.OrderID)
+	require.NotNil(t, j.Inbox)
+	require.Equal(t, "applied", j.Inbox.Outcome)
+	require.Equal(t, int64(1), j.Inbox.AggregateVersion)
+	require.Equal(t, notify.TypePlaced, j.Inbox.EventType)
+	require.False(t, j.Inbox.ReceivedAt.IsZero())
+	require.False(t, j.Inbox.ProcessedAt.Before(j.Inbox.ReceivedAt))
+	require.NotNil(t, j.InboxVersion)
+	require.Equal(t, int64(1), *j.InboxVersion)
+	require.NotNil(t, j.Projection)
+	require.Equal(t, int64(1), j.Projection.Version)
+	require.Equal(t, "placed", j.Projection.Status)
+	require.Equal(t, e.ID, *j.Projection.LastEventID)
+	require.Len(t, j.Emails, 1)
+	m := j.Emails[0]
+	require.Equal(t, e.ID, m.EventID)
+	require.Equal(t, notify.MessageID(e.ID), m.MessageID)
+	require.Equal(t, "sent", m.State)
+	require.Equal(t, "250 2.0.0 queued as 7", m.SMTPReply)
+	require.Equal(t, int64(1), *m.AggregateVersion)
+
+	// The body never carries the customer's address, subject or message.
+	_, body := send(t, http.MethodGet, w.srv.URL+"/admin/events/"+e.ID.String(), "adm", "")
+	require.NotContains(t, body, "alice@example.com")
+
+	// An event the notifier never saw: no marker; with its order named,
+	// the order's state and emails all the same.
+	unseen := uuid.New()
+	j, err = w.admin.Journey(ctx, unseen, nil)
+	require.NoError(t, err)
+	require.Nil(t, j.Inbox)
+	require.Nil(t, j.OrderID)
+	require.Empty(t, j.Emails)
+	j, err = w.admin.Journey(ctx, unseen, &orderID)
+	require.NoError(t, err)
+	require.Nil(t, j.Inbox)
+	require.Equal(t, int64(1), *j.InboxVersion)
+	require.Equal(t, int64(1), j.Projection.Version)
+	require.Len(t, j.Emails, 1)
+
+	for _, path := range []string{"/admin/events/not-a-uuid", "/admin/events/" + e.ID.String() + "?order_id=x"} {
+		res, body := send(t, http.MethodGet, w.srv.URL+path, "adm", "")
+		require.Equal(t, http.StatusBadRequest, res.StatusCode, body)
+	}
+	res, _ := send(t, http.MethodGet, w.srv.URL+"/admin/events/"+e.ID.String(), "cus", "")
+	require.Equal(t, http.StatusForbidden, res.StatusCode, "a customer token reads no journey")
+}

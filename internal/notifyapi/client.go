@@ -112,6 +112,17 @@ func (c *Client) ResolveEmail(ctx context.Context, operationKey, resolution, rea
 		ResolveRequest{Resolution: resolution, Reason: reason}, &out)
 }
 
+// Journey returns the notifier's part of an event's journey. orderID may
+// be nil: the order is then the one the notifier's records name.
+func (c *Client) Journey(ctx context.Context, eventID uuid.UUID, orderID *uuid.UUID) (Journey, error) {
+	v := url.Values{}
+	if orderID != nil {
+		v.Set("order_id", orderID.String())
+	}
+	var out Journey
+	return out, c.do(ctx, http.MethodGet, "/admin/events/"+url.PathEscape(eventID.String()), v, nil, &out)
+}
+
 func (c *Client) do(ctx context.Context, method, path string, query url.Values, body, out any) error {
 	u := c.base + path
 	if len(query) > 0 {

@@ -137,6 +137,49 @@ type Email struct {
 	Resolution     string     `json:"resolution,omitempty"`
 	ResolvedBy     string     `json:"resolved_by,omitempty"`
 	ResolvedAt     *time.Time `json:"resolved_at,omitempty"`
+	// MessageID is the Message-ID header of the email (every send of it
+	// carries the same one).
+	MessageID        string `json:"message_id"`
+	AggregateVersion *int64 `json:"aggregate_version,omitempty"`
+	SMTPReply        string `json:"smtp_reply,omitempty"`
+}
+
+// Journey is the body of GET /admin/events/{event_id}: the notifier's part
+// of one event's journey.
+type Journey struct {
+	EventID uuid.UUID `json:"event_id"`
+	// OrderID is the order asked for (?order_id=), or the one the marker
+	// or the ledger names; absent when the notifier knows neither.
+	OrderID *uuid.UUID `json:"order_id,omitempty"`
+	// Inbox is absent when the inbox holds no marker of the event: not
+	// received yet, or cleaned up after the inbox's TTL.
+	Inbox *InboxMarker `json:"inbox,omitempty"`
+	// InboxVersion is the highest version of the order the inbox applied.
+	InboxVersion *int64      `json:"inbox_version,omitempty"`
+	Projection   *Projection `json:"projection,omitempty"`
+	// Emails are the order's ledger rows, oldest first.
+	Emails []Email `json:"emails"`
+}
+
+// InboxMarker is the inbox's record of an event: received and processed
+// times and what became of it (applied, held, superseded, conflict, parked).
+type InboxMarker struct {
+	AggregateType    string    `json:"aggregate_type"`
+	AggregateID      string    `json:"aggregate_id"`
+	AggregateVersion int64     `json:"aggregate_version"`
+	EventType        string    `json:"event_type"`
+	Outcome          string    `json:"outcome"`
+	ReceivedAt       time.Time `json:"received_at"`
+	ProcessedAt      time.Time `json:"processed_at"`
+}
+
+// Projection is the notifier's projection of the order, without the
+// customer's address.
+type Projection struct {
+	Status      string     `json:"status"`
+	Version     int64      `json:"version"`
+	LastEventID *uuid.UUID `json:"last_event_id,omitempty"`
+	UpdatedAt   time.Time  `json:"updated_at"`
 }
 
 // RetryRequest is the body of POST /admin/parked/{id}/retry.
@@ -204,5 +247,21 @@ func parkedEvent(e inbox.ParkedEvent) ParkedEvent {
 func email(e notify.LedgerEmail) Email {
 	return Email{OperationKey: e.OperationKey, EventID: e.EventID, EventType: e.EventType, OrderID: e.OrderID, State: e.State,
 		Attempts: e.Attempts, CreatedAt: e.CreatedAt, SentAt: e.SentAt, SkipReason: e.SkipReason, LastErrorClass: e.LastErrorClass,
-		LastError: e.LastError, Resolution: e.Resolution, ResolvedBy: e.ResolvedBy, ResolvedAt: e.ResolvedAt}
+		LastError: e.LastError, Resolution: e.Resolution, ResolvedBy: e.ResolvedBy, ResolvedAt: e.ResolvedAt,
+		MessageID: e.MessageID, AggregateVersion: e.AggregateVersion, SMTPReply: e.SMTPReply}
+}
+
+func journey(j notify.Journey) Journey {
+	out := Journey{EventID: j.EventID, OrderID: j.OrderID, InboxVersion: j.InboxVersion, Emails: make([]Email, 0, len(j.Emails))}
+	if m := j.Marker; m != nil {
+		out.Inbox = &InboxMarker{AggregateType: m.AggregateType, AggregateID: m.AggregateID, AggregateVersion: m.AggregateVersion,
+			EventType: m.EventType, Outcome: m.Outcome, ReceivedAt: m.ReceivedAt, ProcessedAt: m.ProcessedAt}
+	}
+	if p := j.Projection; p != nil {
+		out.Projection = &Projection{Status: p.Status, Version: p.Version, LastEventID: p.LastEventID, UpdatedAt: p.UpdatedAt}
+	}
+	for _, e := range j.Emails {
+		out.Emails = append(out.Emails, email(e))
+	}
+	return out
 }

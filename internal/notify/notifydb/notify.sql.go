@@ -991,6 +991,131 @@ func (q *Queries) EmailSendSweepStuck(ctx context.Context, arg EmailSendSweepStu
 	return items, nil
 }
 
+const journeyEmailByEvent = `-- name: JourneyEmailByEvent :one
+SELECT operation_key, event_id, message_id, order_id, event_type, recipient, subject, body, state, attempts, next_attempt_at, claim_token, claimed_by, sending_since, last_error_class, last_error, smtp_reply, created_at, sent_at, resolved_by, resolved_at, resolution, aggregate_version, event_time, skip_reason, traceparent, tracestate FROM email_send WHERE event_id = $1
+`
+
+// The ledger row of one event (event_id is unique in the ledger).
+func (q *Queries) JourneyEmailByEvent(ctx context.Context, eventID uuid.UUID) (EmailSend, error) {
+	row := q.db.QueryRow(ctx, journeyEmailByEvent, eventID)
+	var i EmailSend
+	err := row.Scan(
+		&i.OperationKey,
+		&i.EventID,
+		&i.MessageID,
+		&i.OrderID,
+		&i.EventType,
+		&i.Recipient,
+		&i.Subject,
+		&i.Body,
+		&i.State,
+		&i.Attempts,
+		&i.NextAttemptAt,
+		&i.ClaimToken,
+		&i.ClaimedBy,
+		&i.SendingSince,
+		&i.LastErrorClass,
+		&i.LastError,
+		&i.SMTPReply,
+		&i.CreatedAt,
+		&i.SentAt,
+		&i.ResolvedBy,
+		&i.ResolvedAt,
+		&i.Resolution,
+		&i.AggregateVersion,
+		&i.EventTime,
+		&i.SkipReason,
+		&i.Traceparent,
+		&i.Tracestate,
+	)
+	return i, err
+}
+
+const journeyInboxMarker = `-- name: JourneyInboxMarker :one
+SELECT p.event_id, p.aggregate_type, p.aggregate_id, p.aggregate_version, p.event_type, p.outcome,
+       p.received_at, p.processed_at, a.last_version AS inbox_version
+FROM processed_event p
+LEFT JOIN inbox_aggregate a ON a.aggregate_type = p.aggregate_type AND a.aggregate_id = p.aggregate_id
+WHERE p.event_id = $1
+`
+
+type JourneyInboxMarkerRow struct {
+	EventID          uuid.UUID
+	AggregateType    string
+	AggregateID      string
+	AggregateVersion int64
+	EventType        string
+	Outcome          string
+	ReceivedAt       time.Time
+	ProcessedAt      time.Time
+	InboxVersion     *int64
+}
+
+// The notifier's part of one event's journey (admin API): the inbox's
+// marker of the event, when it has one (no row: never received, or cleaned
+// up after the inbox's TTL), with the version the inbox holds for its
+// aggregate now.
+func (q *Queries) JourneyInboxMarker(ctx context.Context, eventID uuid.UUID) (JourneyInboxMarkerRow, error) {
+	row := q.db.QueryRow(ctx, journeyInboxMarker, eventID)
+	var i JourneyInboxMarkerRow
+	err := row.Scan(
+		&i.EventID,
+		&i.AggregateType,
+		&i.AggregateID,
+		&i.AggregateVersion,
+		&i.EventType,
+		&i.Outcome,
+		&i.ReceivedAt,
+		&i.ProcessedAt,
+		&i.InboxVersion,
+	)
+	return i, err
+}
+
+const journeyInboxVersion = `-- name: JourneyInboxVersion :one
+SELECT last_version FROM inbox_aggregate WHERE aggregate_type = $1 AND aggregate_id = $2
+`
+
+type JourneyInboxVersionParams struct {
+	AggregateType string
+	AggregateID   string
+}
+
+// The version the inbox holds for an aggregate, for a journey whose event
+// has no marker.
+func (q *Queries) JourneyInboxVersion(ctx context.Context, arg JourneyInboxVersionParams) (int64, error) {
+	row := q.db.QueryRow(ctx, journeyInboxVersion, arg.AggregateType, arg.AggregateID)
+	var last_version int64
+	err := row.Scan(&last_version)
+	return last_version, err
+}
+
+const journeyProjection = `-- name: JourneyProjection :one
+SELECT order_id, status, version, last_event_id, updated_at FROM order_projection WHERE order_id = $1
+`
+
+type JourneyProjectionRow struct {
+	OrderID     uuid.UUID
+	Status      string
+	Version     int64
+	LastEventID *uuid.UUID
+	UpdatedAt   time.Time
+}
+
+// The order's projection without its customer's address.
+func (q *Queries) JourneyProjection(ctx context.Context, orderID uuid.UUID) (JourneyProjectionRow, error) {
+	row := q.db.QueryRow(ctx, journeyProjection, orderID)
+	var i JourneyProjectionRow
+	err := row.Scan(
+		&i.OrderID,
+		&i.Status,
+		&i.Version,
+		&i.LastEventID,
+		&i.UpdatedAt,
+	)
+	return i, err
+}
+
 const projectionGet = `-- name: ProjectionGet :one
 SELECT order_id, email, status, currency, total_cents, refund_requested_cents, version, last_event_id, updated_at FROM order_projection WHERE order_id = $1
 `
