@@ -72,7 +72,7 @@ build: ## Build all binaries into ./bin.
 	go build -o bin/ ./cmd/...
 
 .PHONY: bench
-bench: ## Run the Go benchmarks, then the end-to-end benchmark tool (cmd/bench, 10-20 minutes).
+bench: ## Run the Go benchmarks, then the end-to-end benchmark tool (cmd/bench, 30-45 minutes).
 	go test -run '^$$' -bench Commands -benchtime 2000x ./internal/orders
 	go test -run '^$$' -bench . -benchtime 5x ./internal/outbox/... ./internal/notify
 	go run ./cmd/bench all
