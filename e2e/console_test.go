@@ -75,7 +75,8 @@ func TestConsoleInABrowser(t *testing.T) {
 	// the relay as message_too_large, as one larger than the broker's
 	// message.max.bytes would be.
 	consoleEnv := map[string]string{"AUTH_TOKENS": consoleTokens, "CONSOLE_NOTIFIER_URL": "http://" + notifierAddr,
-		"CONSOLE_NOTIFIER_TOKEN": "dev-ops", "CONSOLE_MAILPIT_URL": consoleMailpit, "KAFKA_MAX_MESSAGE_BYTES": "4096"}
+		"CONSOLE_NOTIFIER_TOKEN": "dev-ops", "CONSOLE_MAILPIT_URL": consoleMailpit, "KAFKA_MAX_MESSAGE_BYTES": "4096",
+		"CONSOLE_CONSUMER_GROUPS": "notifier-e2e"} // the group c.notifierEnv gives the notifier
 	c := newChain(t, consoleEnv)
 	delete(consoleEnv, "KAFKA_MAX_MESSAGE_BYTES")
 	notifier := start(t, "notifier", c.notifierEnv(map[string]string{"AUTH_TOKENS": consoleTokens, "HTTP_ADDR": notifierAddr}), "serve")
