@@ -181,8 +181,8 @@ changed any here). Then, for example: orders admin stats
 Crash it: every service is restarted when it exits, so try
   kill -9 "\$(cat $state/orders.pid)"
 while orders are being created; no committed event is lost (check the outbox
-and the topic). Rows the killed relay had claimed go out again once their
-lease expires (RELAY_LEASE, 30s by default).
+and the topic). Events the killed relay had in flight go out again once its
+partitions' leases expire (RELAY_LEASE, 30s by default).
 
 Press Ctrl-C to stop.
 MSG
