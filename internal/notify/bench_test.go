@@ -283,7 +283,7 @@ func sqlOnlyBatch(b *testing.B, ctx context.Context, pool *pgxpool.Pool, recs []
 // connection, and the fenced result update; with one worker and with
 // EMAIL_SENDERS' default.
 func BenchmarkSend(b *testing.B) {
-	for _, workers := range []int{1, 4} {
+	for _, workers := range []int{1, 4, 8} {
 		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) { benchmarkSend(b, workers) })
 	}
 }
@@ -311,8 +311,14 @@ func sendBenchEmails() int {
 // claim per email whose commit waits for the WAL flush. It is the ceiling
 // the database puts on one worker, to read next to BenchmarkSendSMTPOnly,
 // the SMTP server's.
+//
+// With more workers it shows how far they share the WAL flushes: each
+// worker still waits for one flush per email, and concurrent commits
+// wait for the same flush.
 func BenchmarkSendLedgerOnly(b *testing.B) {
-	benchmarkSender(b, 1, acceptAll{})
+	for _, workers := range []int{1, 8} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) { benchmarkSender(b, workers, acceptAll{}) })
+	}
 }
 
 // acceptAll is a Mailer that accepts every message at once.
