@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -286,65 +285,4 @@ func planOf(t *testing.T, pool *pgxpool.Pool, qs []recordedQuery, tables []strin
 	}
 	walk(doc[0].Plan, 1)
 	return read, sorted, text.String()
-}
-
-// TestBatchFindsItsAggregatesByKeyInAGrownTable: ProcessBatch's statements
-// prepared while inbox_aggregate was small read only the batch's rows once
-// the table has grown. PostgreSQL keeps a prepared statement's generic plan
-// until the table is next analysed; a new database's tables are not, until
-// autovacuum first visits them, and a plan that suited an empty table
-// (hash the batch, read the table) then reads every aggregate for each
-// batch: O(aggregates) per batch while a new consumer catches up. The
-// connection is made to use generic plans from the start, as PostgreSQL
-// does by itself after five executions, and the table is never analysed.
-func TestBatchFindsItsAggregatesByKeyInAGrownTable(t *testing.T) {
-	t.Parallel()
-	db := newTestDB(t)
-	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, "ALTER TABLE inbox_aggregate SET (autovacuum_enabled = false)")
-	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = 1 // one connection, so the second batch runs the statements the first prepared
-	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	ib, err := inbox.New(inbox.Config{Pool: pool, GapWindow: 30 * time.Second,
-		Apply:      func(context.Context, pgx.Tx, inbox.Event) error { return nil },
-		ApplyBatch: func(context.Context, pgx.Tx, []inbox.Event) error { return nil },
-		Fetch: func(context.Context, string, string) (inbox.Snapshot, error) {
-			return inbox.Snapshot{}, fmt.Errorf("the source is away")
-		},
-		ApplySnapshot: func(context.Context, pgx.Tx, inbox.Snapshot) error { return nil }})
-	require.NoError(t, err)
-	batch := func(version int64) (seqRead, fetched int64) {
-		t.Helper()
-		var events []inbox.Event
-		for _, id := range []string{"a1", "a2", "a3"} {
-			events = append(events, inbox.Event{ID: uuid.New(), AggregateType: "thing", AggregateID: id,
-				AggregateVersion: version, Type: "thing.step", Time: time.Now()})
-		}
-		require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			results, err := ib.ProcessBatch(ctx, tx, events)
-			if err != nil {
-				return err
-			}
-			for _, r := range results {
-				require.Equal(t, inbox.Applied, r.Outcome)
-			}
-			// What this transaction read of the table, so far.
-			return tx.QueryRow(ctx, `SELECT coalesce(sum(seq_tup_read), 0), coalesce(sum(idx_tup_fetch), 0)
-				FROM pg_stat_xact_user_tables WHERE relname = 'inbox_aggregate'`).Scan(&seqRead, &fetched)
-		}))
-		return seqRead, fetched
-	}
-	batch(1) // prepares the statements on an empty table
-	_, err = db.Pool.Exec(ctx, `INSERT INTO inbox_aggregate (aggregate_type, aggregate_id, last_version)
-		SELECT 'thing', 'other-' || g, 1 FROM generate_series(1, 20000) g`)
-	require.NoError(t, err)
-	seqRead, fetched := batch(2)
-	t.Logf("second batch of 3 events: %d aggregates read by sequential scans, %d fetched by index", seqRead, fetched)
-	require.Zero(t, seqRead, "the batch reads the table instead of looking up its 3 aggregates")
-	require.LessOrEqual(t, fetched, int64(20), "the batch fetches rows beyond its own")
 }

@@ -361,28 +361,18 @@ SELECT unnest(@aggregate_types::text[]), unnest(@aggregate_ids::text[])
 ON CONFLICT (aggregate_type, aggregate_id) DO NOTHING;
 
 -- name: InboxAggregateLockMany :many
--- Locks the batch's aggregates in the order of the arrays (the caller sorts
--- them, so that concurrent batches take their row locks in the same order)
--- and reads what decides whether an event may take the set-based path: the
--- applied version, an open gap, a forked history, and whether anything is
--- held or parked for it.
---
--- Each aggregate is looked up on its own through the primary key (a
--- LATERAL subquery with a locking clause is never merged into a join), so
--- the plan cannot depend on statistics. Written as a join of the table
--- with the arrays, a plan prepared while the table was small (a new
--- database, before autovacuum first analyses it) hashes the arrays and
--- reads the whole table for every batch, and keeps doing so as the table
--- grows, until the next ANALYZE.
+-- Locks the batch's aggregates in key order and reads what decides whether
+-- an event may take the set-based path: the applied version, an open gap,
+-- a forked history, and whether anything is held or parked for it.
 SELECT a.aggregate_type, a.aggregate_id, a.last_version,
        (a.gap_since IS NOT NULL OR a.diverged_at IS NOT NULL
         OR EXISTS (SELECT 1 FROM inbox_held_event h
                    WHERE h.aggregate_type = a.aggregate_type AND h.aggregate_id = a.aggregate_id))::boolean AS unusual
-FROM (SELECT unnest(@aggregate_types::text[]) AS aggregate_type, unnest(@aggregate_ids::text[]) AS aggregate_id) u
-CROSS JOIN LATERAL (SELECT x.aggregate_type, x.aggregate_id, x.last_version, x.gap_since, x.diverged_at
-                    FROM inbox_aggregate x
-                    WHERE x.aggregate_type = u.aggregate_type AND x.aggregate_id = u.aggregate_id
-                    FOR UPDATE) a;
+FROM inbox_aggregate a
+JOIN (SELECT unnest(@aggregate_types::text[]) AS aggregate_type, unnest(@aggregate_ids::text[]) AS aggregate_id) u
+  ON a.aggregate_type = u.aggregate_type AND a.aggregate_id = u.aggregate_id
+ORDER BY a.aggregate_type, a.aggregate_id
+FOR UPDATE OF a;
 
 -- name: ProcessedEventDeleteMany :exec
 -- Takes back markers this transaction has just inserted (ProcessBatch, when
@@ -401,13 +391,10 @@ RETURNING event_id;
 
 -- name: InboxAggregateAdvanceMany :execrows
 -- Moves each aggregate to its new version, never backwards, as
--- InboxAggregateAdvance does for one. The rows exist and are locked
--- (InboxAggregateLockMany). It is an upsert rather than an UPDATE ... FROM
--- the arrays so that each row is found through the primary key whatever
--- the statistics say (see InboxAggregateLockMany); a row held back by the
--- WHERE is not counted, which the caller checks.
-INSERT INTO inbox_aggregate AS a (aggregate_type, aggregate_id, last_version)
-SELECT unnest(@aggregate_types::text[]), unnest(@aggregate_ids::text[]), unnest(@new_versions::bigint[])
-ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
-SET last_version = EXCLUDED.last_version, updated_at = clock_timestamp()
-WHERE a.last_version < EXCLUDED.last_version;
+-- InboxAggregateAdvance does for one.
+UPDATE inbox_aggregate a
+SET last_version = u.new_version, updated_at = clock_timestamp()
+FROM (SELECT unnest(@aggregate_types::text[]) AS aggregate_type, unnest(@aggregate_ids::text[]) AS aggregate_id,
+             unnest(@new_versions::bigint[]) AS new_version) u
+WHERE a.aggregate_type = u.aggregate_type AND a.aggregate_id = u.aggregate_id
+  AND a.last_version < u.new_version;

@@ -61,11 +61,12 @@ func (q *Queries) InboxAggregateAdvance(ctx context.Context, arg InboxAggregateA
 }
 
 const inboxAggregateAdvanceMany = `-- name: InboxAggregateAdvanceMany :execrows
-INSERT INTO inbox_aggregate AS a (aggregate_type, aggregate_id, last_version)
-SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::bigint[])
-ON CONFLICT (aggregate_type, aggregate_id) DO UPDATE
-SET last_version = EXCLUDED.last_version, updated_at = clock_timestamp()
-WHERE a.last_version < EXCLUDED.last_version
+UPDATE inbox_aggregate a
+SET last_version = u.new_version, updated_at = clock_timestamp()
+FROM (SELECT unnest($1::text[]) AS aggregate_type, unnest($2::text[]) AS aggregate_id,
+             unnest($3::bigint[]) AS new_version) u
+WHERE a.aggregate_type = u.aggregate_type AND a.aggregate_id = u.aggregate_id
+  AND a.last_version < u.new_version
 `
 
 type InboxAggregateAdvanceManyParams struct {
@@ -75,11 +76,7 @@ type InboxAggregateAdvanceManyParams struct {
 }
 
 // Moves each aggregate to its new version, never backwards, as
-// InboxAggregateAdvance does for one. The rows exist and are locked
-// (InboxAggregateLockMany). It is an upsert rather than an UPDATE ... FROM
-// the arrays so that each row is found through the primary key whatever
-// the statistics say (see InboxAggregateLockMany); a row held back by the
-// WHERE is not counted, which the caller checks.
+// InboxAggregateAdvance does for one.
 func (q *Queries) InboxAggregateAdvanceMany(ctx context.Context, arg InboxAggregateAdvanceManyParams) (int64, error) {
 	result, err := q.db.Exec(ctx, inboxAggregateAdvanceMany, arg.AggregateTypes, arg.AggregateIDs, arg.NewVersions)
 	if err != nil {
@@ -203,11 +200,11 @@ SELECT a.aggregate_type, a.aggregate_id, a.last_version,
        (a.gap_since IS NOT NULL OR a.diverged_at IS NOT NULL
         OR EXISTS (SELECT 1 FROM inbox_held_event h
                    WHERE h.aggregate_type = a.aggregate_type AND h.aggregate_id = a.aggregate_id))::boolean AS unusual
-FROM (SELECT unnest($1::text[]) AS aggregate_type, unnest($2::text[]) AS aggregate_id) u
-CROSS JOIN LATERAL (SELECT x.aggregate_type, x.aggregate_id, x.last_version, x.gap_since, x.diverged_at
-                    FROM inbox_aggregate x
-                    WHERE x.aggregate_type = u.aggregate_type AND x.aggregate_id = u.aggregate_id
-                    FOR UPDATE) a
+FROM inbox_aggregate a
+JOIN (SELECT unnest($1::text[]) AS aggregate_type, unnest($2::text[]) AS aggregate_id) u
+  ON a.aggregate_type = u.aggregate_type AND a.aggregate_id = u.aggregate_id
+ORDER BY a.aggregate_type, a.aggregate_id
+FOR UPDATE OF a
 `
 
 type InboxAggregateLockManyParams struct {
@@ -222,19 +219,9 @@ type InboxAggregateLockManyRow struct {
 	Unusual       bool
 }
 
-// Locks the batch's aggregates in the order of the arrays (the caller sorts
-// them, so that concurrent batches take their row locks in the same order)
-// and reads what decides whether an event may take the set-based path: the
-// applied version, an open gap, a forked history, and whether anything is
-// held or parked for it.
-//
-// Each aggregate is looked up on its own through the primary key (a
-// LATERAL subquery with a locking clause is never merged into a join), so
-// the plan cannot depend on statistics. Written as a join of the table
-// with the arrays, a plan prepared while the table was small (a new
-// database, before autovacuum first analyses it) hashes the arrays and
-// reads the whole table for every batch, and keeps doing so as the table
-// grows, until the next ANALYZE.
+// Locks the batch's aggregates in key order and reads what decides whether
+// an event may take the set-based path: the applied version, an open gap,
+// a forked history, and whether anything is held or parked for it.
 func (q *Queries) InboxAggregateLockMany(ctx context.Context, arg InboxAggregateLockManyParams) ([]InboxAggregateLockManyRow, error) {
 	rows, err := q.db.Query(ctx, inboxAggregateLockMany, arg.AggregateTypes, arg.AggregateIDs)
 	if err != nil {
