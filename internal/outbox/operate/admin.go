@@ -194,15 +194,7 @@ func (a *Admin) Parked(ctx context.Context, f ParkedFilter) ([]EventSummary, err
 	if p.RowLimit <= 0 {
 		p.RowLimit = 100
 	}
-	if f.EventType != "" {
-		p.EventType = &f.EventType
-	}
-	if f.AggregateID != "" {
-		p.AggregateID = &f.AggregateID
-	}
-	if !f.Since.IsZero() {
-		p.Since = &f.Since
-	}
+	p.EventType, p.AggregateID, p.Since = orNil(f.EventType), orNil(f.AggregateID), timeOrNil(f.Since)
 	rows, err := opsdb.New(a.pool).AdminParked(ctx, p)
 	if err != nil {
 		return nil, fmt.Errorf("list parked events: %w", err)
@@ -397,10 +389,7 @@ func (a *Admin) Resume(ctx context.Context, ids []uuid.UUID, eventType string, a
 	if len(ids) == 0 && eventType == "" {
 		return nil, ErrNothingToChange
 	}
-	var typ *string
-	if eventType != "" {
-		typ = &eventType
-	}
+	typ := orNil(eventType)
 	if ids == nil {
 		ids = []uuid.UUID{}
 	}
@@ -468,6 +457,24 @@ func detailOf(r opsdb.Outbox) EventDetail {
 		RelayPartition: &r.RelayPartition, LeaseOwner: deref(r.LeaseOwner), LeaseExpiresAt: r.LeaseExpiresAt, DeliveredAt: r.DeliveredAt,
 		BrokerPartition: r.BrokerPartition, BrokerOffset: r.BrokerOffset,
 	}
+}
+
+// orNil is v's address, or nil for the zero value: an optional filter as
+// the generated queries take it (NULL matches everything).
+func orNil[T comparable](v T) *T {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return &v
+}
+
+// timeOrNil is orNil for a time, whose zero is told by IsZero.
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 func deref[T any](p *T) T {

@@ -296,18 +296,7 @@ func (a *Admin) AuditLog(ctx context.Context, f AuditFilter) ([]AuditEntry, erro
 	if p.RowLimit <= 0 {
 		p.RowLimit = 200
 	}
-	if f.Actor != "" {
-		p.Actor = &f.Actor
-	}
-	if f.Target != "" {
-		p.Target = &f.Target
-	}
-	if !f.From.IsZero() {
-		p.FromAt = &f.From
-	}
-	if !f.To.IsZero() {
-		p.ToAt = &f.To
-	}
+	p.Actor, p.Target, p.FromAt, p.ToAt = orNil(f.Actor), orNil(f.Target), timeOrNil(f.From), timeOrNil(f.To)
 	rows, err := opsdb.New(a.pool).AuditList(ctx, p)
 	if err != nil {
 		return nil, fmt.Errorf("read audit: %w", err)

@@ -205,10 +205,7 @@ func (a *Admin) PlanReplay(ctx context.Context, sel ReplaySelector, policy Repla
 			archived, err = q.ArchivedByIDs(ctx, sel.IDs)
 		}
 	} else {
-		var typ *string
-		if sel.Type != "" {
-			typ = &sel.Type
-		}
+		typ := orNil(sel.Type)
 		var r []opsdb.ReplayEventsByRangeRow
 		if r, err = q.ReplayEventsByRange(ctx, opsdb.ReplayEventsByRangeParams{FromTime: sel.From, ToTime: sel.To, EventType: typ, RowLimit: int32(maxEvents + 1)}); err == nil {
 			rows = make([]opsdb.ReplayEventsByIDsRow, len(r))

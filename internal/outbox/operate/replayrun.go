@@ -245,12 +245,8 @@ func (a *Admin) runPlan(ctx context.Context, id uuid.UUID, owner string, target 
 	default:
 		status, msg = "failed", runErr.Error()
 	}
-	var runError *string
-	if msg != "" {
-		runError = &msg
-	}
 	n, err := opsdb.New(a.pool).ReplayPlanEnd(context.WithoutCancel(ctx), opsdb.ReplayPlanEndParams{
-		Status: status, RunError: runError, ID: id, RunOwner: owner})
+		Status: status, RunError: orNil(msg), ID: id, RunOwner: owner})
 	switch {
 	case err != nil:
 		return errors.Join(runErr, fmt.Errorf("end replay plan %s: %w", id, err))

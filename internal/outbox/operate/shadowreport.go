@@ -43,10 +43,7 @@ func (a *Admin) ShadowReport(ctx context.Context, eventType string, since time.T
 	if limit <= 0 {
 		limit = 50
 	}
-	var typ *string
-	if eventType != "" {
-		typ = &eventType
-	}
+	typ := orNil(eventType)
 	q := opsdb.New(a.pool)
 	counts, err := q.ShadowReportCounts(ctx, opsdb.ShadowReportCountsParams{Since: since, EventType: typ})
 	if err != nil {
