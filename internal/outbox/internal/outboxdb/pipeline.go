@@ -5,18 +5,16 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Written by hand beside the generated code: the relay's read and confirm,
-// each sent with the session settings it needs in one pgx.Batch. A batch
-// ends with a single Sync, so its statements run in one implicit
-// transaction, and a setting made local with set_config(..., true) holds
-// for the statement after it and ends with the batch. One round trip
-// instead of four (BEGIN, the setting, the statement, COMMIT): at
-// thousands of events a second in batches of a hundred, the round trips
-// are a good part of the relay's time. They reuse the generated
-// statements; keep the arguments and the scans in step with OutboxRead and
-// OutboxConfirm.
+// The relay's read and confirm are each sent with the session setting
+// they need in one pgx.Batch. A batch ends with a single Sync, so its
+// statements run in one implicit transaction, and a setting made local
+// with set_config(..., true) holds for the statement after it and ends
+// with the batch. One round trip instead of four (BEGIN, the setting, the
+// statement, COMMIT): at thousands of events a second in batches of a
+// hundred, the round trips are a good part of the relay's time.
 
 // Batcher is what runs a pgx.Batch: a *pgxpool.Pool, a *pgxpool.Conn, a
 // *pgx.Conn.
@@ -31,70 +29,126 @@ const RelaxedCommit = "SELECT set_config('synchronous_commit', 'off', true)"
 // OutboxReadInIndexOrder runs OutboxRead after ClaimInIndexOrder, in one
 // round trip.
 func OutboxReadInIndexOrder(ctx context.Context, db Batcher, arg OutboxReadParams) ([]OutboxReadRow, error) {
-	b := &pgx.Batch{}
-	b.Queue(ClaimInIndexOrder)
-	items := []OutboxReadRow{}
-	b.Queue(outboxRead,
-		arg.Partitions,
-		arg.InFlight,
-		arg.IndependentTypes,
-		arg.BatchSize,
-	).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			var i OutboxReadRow
-			if err := rows.Scan(
-				&i.EventID,
-				&i.AggregateType,
-				&i.AggregateID,
-				&i.AggregateVersion,
-				&i.EventType,
-				&i.SchemaVersion,
-				&i.Payload,
-				&i.Traceparent,
-				&i.Tracestate,
-				&i.CreatedAt,
-				&i.Attempts,
-				&i.NextAttemptAt,
-				&i.PublishMode,
-				&i.RelayPartition,
-			); err != nil {
-				return err
-			}
-			items = append(items, i)
-		}
-		return rows.Err()
-	})
-	if err := db.SendBatch(ctx, b).Close(); err != nil {
-		return nil, err
-	}
-	return items, nil
+	return New(Prefixed{DB: db, Setting: ClaimInIndexOrder}).OutboxRead(ctx, arg)
 }
 
 // OutboxConfirmRelaxed runs OutboxConfirm after RelaxedCommit, in one
 // round trip.
 func OutboxConfirmRelaxed(ctx context.Context, db Batcher, arg OutboxConfirmParams) ([]uuid.UUID, error) {
+	return New(Prefixed{DB: db, Setting: RelaxedCommit}).OutboxConfirm(ctx, arg)
+}
+
+// Prefixed is a DBTX that sends Setting ahead of each statement, in one
+// batch and so in one implicit transaction, for the generated queries to
+// run unchanged. The batch's commit happens at its end, after the
+// statement's rows: its outcome (a failed commit means nothing the
+// statement did happened) is reported by the rows' Err, by Exec, and by
+// QueryRow's Scan.
+type Prefixed struct {
+	DB      Batcher
+	Setting string
+}
+
+func (p Prefixed) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
-	b.Queue(RelaxedCommit)
-	items := []uuid.UUID{}
-	b.Queue(outboxConfirm,
-		arg.EventIDs,
-		arg.Partitions,
-		arg.Offsets,
-		arg.FencePartitions,
-		arg.FenceEpochs,
-		arg.Owner,
-	).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			var id uuid.UUID
-			if err := rows.Scan(&id); err != nil {
-				return err
-			}
-			items = append(items, id)
-		}
-		return rows.Err()
-	})
-	if err := db.SendBatch(ctx, b).Close(); err != nil {
+	b.Queue(p.Setting)
+	b.Queue(sql, args...)
+	br := p.DB.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
 		return nil, err
 	}
-	return items, nil
+	return br, nil
 }
+
+// Exec runs a statement that returns no rows.
+func (p Prefixed) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	br, err := p.send(ctx, sql, args)
+	if err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// Query runs a statement that returns rows.
+func (p Prefixed) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	br, err := p.send(ctx, sql, args)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// QueryRow runs a statement that returns at most one row.
+func (p Prefixed) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	rows, err := p.Query(ctx, sql, args...)
+	return batchRow{rows: rows, err: err}
+}
+
+// batchRows are a statement's rows that close their batch once read to
+// the end, so that Err, which the generated code asks after the last row,
+// reports the commit too.
+type batchRows struct {
+	pgx.Rows
+	br       pgx.BatchResults
+	closed   bool
+	closeErr error
+}
+
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *batchRows) Close() {
+	if r.closed {
+		return
+	}
+	r.closed = true
+	r.Rows.Close()
+	r.closeErr = r.br.Close()
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.closeErr
+}
+
+type batchRow struct {
+	rows pgx.Rows
+	err  error
+}
+
+func (r batchRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
+}
+
+var _ DBTX = Prefixed{}
