@@ -55,6 +55,9 @@ var errMarkerTaken = errors.New("inbox: a batch event's marker was written concu
 // independent of each other). A batch holding one event_id twice is
 // processed one by one throughout, since which copy wins depends on order.
 //
+// The rest of tx, ApplyBatch's statements included, is planned for each
+// execution rather than by a cached generic plan (see planEachBatch).
+//
 // On error nothing of the batch may be kept: the caller rolls tx back. The
 // error is an *EventError when one event caused it; a caller that wants a
 // single bad event not to hold back the others then processes the events
@@ -64,6 +67,9 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, events []Event) ([
 		if err := e.validate(); err != nil {
 			return nil, &EventError{Index: i, Err: err}
 		}
+	}
+	if _, err := tx.Exec(ctx, planEachBatch); err != nil {
+		return nil, fmt.Errorf("inbox: plan the batch's statements: %w", err)
 	}
 	results := make([]Result, len(events))
 	slow := make([]int, 0, len(events))
@@ -86,6 +92,20 @@ func (ib *Inbox) ProcessBatch(ctx context.Context, tx pgx.Tx, events []Event) ([
 	}
 	return results, nil
 }
+
+// planEachBatch has PostgreSQL plan the rest of the caller's transaction
+// for the arrays it is given instead of reusing a generic plan. pgx
+// prepares each statement once per connection, and after five executions
+// PostgreSQL may settle on a generic plan made for the table as it was
+// then. On a new database that is an empty table, and the plan (hash the
+// batch's arrays and read the whole table, or a sequential scan for
+// "= ANY") is kept until the table is next analysed, which autovacuum
+// does not do before its first visit: until then every batch reads every
+// aggregate and every projection, O(table) per batch. A plan made for each
+// execution sees the table's current size and the arrays' lengths; it costs
+// a few planning passes per batch, a batch being up to hundreds of events.
+// The setting ends with the transaction.
+const planEachBatch = "SELECT set_config('plan_cache_mode', 'force_custom_plan', true)"
 
 type aggKey struct{ typ, id string }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -285,4 +286,107 @@ func planOf(t *testing.T, pool *pgxpool.Pool, qs []recordedQuery, tables []strin
 	}
 	walk(doc[0].Plan, 1)
 	return read, sorted, text.String()
+}
+
+// TestBatchPlansForTheTableAsItIs: ProcessBatch's statements, and the
+// caller's in ApplyBatch, read only the batch's rows of a table that has
+// grown since they were prepared. pgx prepares each statement once per
+// connection, and PostgreSQL may then reuse a generic plan made for the
+// table as it was: on a new database an empty table, kept until the table
+// is next analysed, which autovacuum does not do before its first visit.
+// Such a plan (hash the batch's arrays and read the table, or a sequential
+// scan for "= ANY") reads every row for each batch. Two histories: the
+// session told to use generic plans (PostgreSQL's own choice after five
+// executions when the generic plan looks no costlier) on a never-analysed
+// table, and plans made after an ANALYZE of a few dozen rows.
+func TestBatchPlansForTheTableAsItIs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		session      string // the connection's plan_cache_mode
+		analyseFirst int    // rows in the table, analysed, before the statements are prepared
+	}{
+		{name: "generic plans, never analysed", session: "force_generic_plan"},
+		{name: "analysed while small", session: "auto", analyseFirst: 60},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := newTestDB(t)
+			ctx := context.Background()
+			_, err := db.Pool.Exec(ctx, `ALTER TABLE inbox_aggregate SET (autovacuum_enabled = false);
+				ALTER TABLE processed_event SET (autovacuum_enabled = false)`)
+			require.NoError(t, err)
+			grow := func(from, n int) {
+				t.Helper()
+				for _, q := range []string{
+					`INSERT INTO inbox_aggregate (aggregate_type, aggregate_id, last_version)
+					 SELECT 'thing', 'other-' || g, 1 FROM generate_series($1::int, $2::int) g`,
+					`INSERT INTO processed_event (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, outcome)
+					 SELECT gen_random_uuid(), 'thing', 'other-' || g, 1, 'thing.step', 'applied' FROM generate_series($1::int, $2::int) g`,
+				} {
+					_, err := db.Pool.Exec(ctx, q, from, from+n-1)
+					require.NoError(t, err)
+				}
+			}
+			if tc.analyseFirst > 0 {
+				grow(1, tc.analyseFirst)
+				_, err := db.Pool.Exec(ctx, "ANALYZE inbox_aggregate; ANALYZE processed_event")
+				require.NoError(t, err)
+			}
+			cfg, err := pgxpool.ParseConfig(db.URL)
+			require.NoError(t, err)
+			cfg.MaxConns = 1 // one connection: the last batch runs the statements the first ones prepared
+			cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = tc.session
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			ib, err := inbox.New(inbox.Config{Pool: pool, GapWindow: 30 * time.Second,
+				Apply: func(context.Context, pgx.Tx, inbox.Event) error { return nil },
+				// The caller's own read of the batch, by "= ANY" on a primary key.
+				ApplyBatch: func(ctx context.Context, tx pgx.Tx, events []inbox.Event) error {
+					ids := make([]uuid.UUID, len(events))
+					for i, e := range events {
+						ids[i] = e.ID
+					}
+					var n int
+					return tx.QueryRow(ctx, "SELECT count(*) FROM processed_event WHERE event_id = ANY($1::uuid[])", ids).Scan(&n)
+				},
+				Fetch: func(context.Context, string, string) (inbox.Snapshot, error) {
+					return inbox.Snapshot{}, fmt.Errorf("the source is away")
+				},
+				ApplySnapshot: func(context.Context, pgx.Tx, inbox.Snapshot) error { return nil }})
+			require.NoError(t, err)
+			batch := func(version int64) (seqRead, fetched int64) {
+				t.Helper()
+				var events []inbox.Event
+				for _, id := range []string{"a1", "a2", "a3"} {
+					events = append(events, inbox.Event{ID: uuid.New(), AggregateType: "thing", AggregateID: id,
+						AggregateVersion: version, Type: "thing.step", Time: time.Now()})
+				}
+				require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					results, err := ib.ProcessBatch(ctx, tx, events)
+					if err != nil {
+						return err
+					}
+					for _, r := range results {
+						require.Equal(t, inbox.Applied, r.Outcome)
+					}
+					// What this transaction read of the two tables.
+					return tx.QueryRow(ctx, `SELECT coalesce(sum(seq_tup_read), 0), coalesce(sum(idx_tup_fetch), 0)
+						FROM pg_stat_xact_user_tables WHERE relname IN ('inbox_aggregate', 'processed_event')`).Scan(&seqRead, &fetched)
+				}))
+				return seqRead, fetched
+			}
+			// Prepared on the small table, and run often enough for
+			// PostgreSQL to settle on a plan.
+			for v := int64(1); v <= 8; v++ {
+				batch(v)
+			}
+			grow(1_000_000, 20_000)
+			seqRead, fetched := batch(9)
+			t.Logf("a batch of 3 events on 20,000 aggregates: %d rows read by sequential scans, %d fetched by index", seqRead, fetched)
+			require.Zero(t, seqRead, "the batch reads whole tables instead of looking up its own rows")
+			require.LessOrEqual(t, fetched, int64(30), "the batch fetches rows beyond its own")
+		})
+	}
 }
