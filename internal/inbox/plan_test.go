@@ -363,7 +363,16 @@ func TestBatchPlansForTheTableAsItIs(t *testing.T) {
 					events = append(events, inbox.Event{ID: uuid.New(), AggregateType: "thing", AggregateID: id,
 						AggregateVersion: version, Type: "thing.step", Time: time.Now()})
 				}
+				// What the batch read of the two tables: the difference of this
+				// backend's counters, which also hold earlier transactions'
+				// reads until PostgreSQL flushes them.
+				read := func(tx pgx.Tx) (seq, idx int64) {
+					require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(sum(seq_tup_read), 0), coalesce(sum(idx_tup_fetch), 0)
+						FROM pg_stat_xact_user_tables WHERE relname IN ('inbox_aggregate', 'processed_event')`).Scan(&seq, &idx))
+					return seq, idx
+				}
 				require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					seq0, idx0 := read(tx)
 					results, err := ib.ProcessBatch(ctx, tx, events)
 					if err != nil {
 						return err
@@ -371,9 +380,9 @@ func TestBatchPlansForTheTableAsItIs(t *testing.T) {
 					for _, r := range results {
 						require.Equal(t, inbox.Applied, r.Outcome)
 					}
-					// What this transaction read of the two tables.
-					return tx.QueryRow(ctx, `SELECT coalesce(sum(seq_tup_read), 0), coalesce(sum(idx_tup_fetch), 0)
-						FROM pg_stat_xact_user_tables WHERE relname IN ('inbox_aggregate', 'processed_event')`).Scan(&seqRead, &fetched)
+					seq1, idx1 := read(tx)
+					seqRead, fetched = seq1-seq0, idx1-idx0
+					return nil
 				}))
 				return seqRead, fetched
 			}
