@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -129,26 +130,58 @@ func (s *Sender) Nudge() {
 // Run sends until ctx is cancelled. A send in progress when ctx ends is
 // finished (it is bounded by the mailer's timeout) and its result recorded.
 //
-// Abandoned sends are swept on a timer of their own (SweepInterval), not
-// only when a pass begins: a pass lasts as long as the backlog it drains,
-// an hour for a large one, and a row left 'sending' by a dead instance
-// must become unknown (and alert) within about the sending timeout, not
-// after the backlog.
+// Each worker drains its share of the ledger and then waits to be woken, on
+// its own: after a nudge or a poll, every idle worker starts again at once,
+// whatever the others are doing. (Had the workers waited for each other
+// after each drain, a steady stream would keep one worker busy while the
+// ones whose shares ran dry sat idle, their new rows waiting: with eight
+// workers, about one worker's throughput.) Stale emails are skipped before
+// each wake-up, as one statement.
+//
+// Abandoned sends are swept on a timer of their own (SweepInterval): a
+// row left 'sending' by a dead instance must become unknown (and alert)
+// within about the sending timeout, however busy the workers are.
 func (s *Sender) Run(ctx context.Context) error {
-	var sweeper sync.WaitGroup
-	defer sweeper.Wait()
-	sweeper.Go(func() { s.sweepLoop(ctx) })
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { s.sweepLoop(ctx) })
+	wake := make([]chan struct{}, s.cfg.Workers)
+	for worker := range wake {
+		wake[worker] = make(chan struct{}, 1)
+		wg.Go(func() { s.work(ctx, worker, wake[worker]) })
+	}
 	t := time.NewTicker(s.cfg.PollInterval)
 	defer t.Stop()
 	for {
-		if _, err := s.RunOnce(ctx); err != nil && ctx.Err() == nil {
-			s.log.ErrorContext(ctx, "email sender: pass failed; retrying at the next poll", slog.String("error", err.Error()))
+		if err := s.skipStale(ctx); err != nil && ctx.Err() == nil {
+			s.log.ErrorContext(ctx, "email sender: stale-email skip failed; the claim still refuses a stale email", slog.String("error", err.Error()))
+		}
+		for _, w := range wake {
+			select {
+			case w <- struct{}{}:
+			default: // already due to start again
+			}
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-s.nudge:
 		case <-t.C:
+		}
+	}
+}
+
+// work drains the worker's share each time it is woken, until ctx ends.
+func (s *Sender) work(ctx context.Context, worker int, wake <-chan struct{}) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+		}
+		if _, err := s.drain(ctx, worker); err != nil && ctx.Err() == nil {
+			s.log.ErrorContext(ctx, "email sender: worker failed; retrying at the next nudge or poll",
+				slog.Int("worker", worker), slog.String("error", err.Error()))
 		}
 	}
 }
@@ -161,21 +194,21 @@ func (s *Sender) SweepInterval() time.Duration {
 	return min(max(s.cfg.SendingTimeout/4, 100*time.Millisecond), time.Minute)
 }
 
-// sweepLoop runs the stuck-send sweep every SweepInterval until ctx ends.
-// The sweep is one indexed UPDATE of the few 'sending' rows; several
-// instances sweeping at once agree, since a row is turned only while it is
-// still 'sending'.
+// sweepLoop runs the stuck-send sweep at once and then every SweepInterval
+// until ctx ends. The sweep is one indexed UPDATE of the few 'sending'
+// rows; several instances sweeping at once agree, since a row is turned
+// only while it is still 'sending'.
 func (s *Sender) sweepLoop(ctx context.Context) {
 	t := time.NewTicker(s.SweepInterval())
 	defer t.Stop()
 	for {
+		if err := s.sweepStuck(ctx); err != nil && ctx.Err() == nil {
+			s.log.ErrorContext(ctx, "email sender: stuck-send sweep failed; retrying at the next interval", slog.String("error", err.Error()))
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		if err := s.sweepStuck(ctx); err != nil && ctx.Err() == nil {
-			s.log.ErrorContext(ctx, "email sender: stuck-send sweep failed; retrying at the next interval", slog.String("error", err.Error()))
 		}
 	}
 }
@@ -195,8 +228,8 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	// Workers claim and send until none finds a due row; the first error
 	// ends this pass for all of them.
 	var (
+		sent     atomic.Int64
 		mu       sync.Mutex
-		n        int
 		firstErr error
 		wg       sync.WaitGroup
 	)
@@ -204,35 +237,47 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	defer stop()
 	for worker := range s.cfg.Workers {
 		wg.Go(func() {
-			// done is the last send's result, not yet in its ledger row: it
-			// is written in the transaction that claims the next row, so a
-			// backlog costs one commit per email instead of two.
-			var done *outcome
-			defer func() {
-				if done != nil {
-					s.record(context.WithoutCancel(ctx), *done)
-				}
-			}()
-			for wctx.Err() == nil {
-				sent, next, err := s.sendNext(wctx, worker, done)
-				done = next
+			n, err := s.drain(wctx, worker)
+			sent.Add(int64(n))
+			if err != nil {
 				mu.Lock()
-				if sent {
-					n++
-				}
-				if err != nil && firstErr == nil {
+				if firstErr == nil {
 					firstErr = err
-					stop()
 				}
 				mu.Unlock()
-				if err != nil || !sent {
-					return
-				}
+				stop()
 			}
 		})
 	}
 	wg.Wait()
-	return n, firstErr
+	return int(sent.Load()), firstErr
+}
+
+// drain claims and sends the worker's due rows until none is left, ctx
+// ends or a claim fails, and returns how many it sent (whatever their
+// outcome).
+func (s *Sender) drain(ctx context.Context, worker int) (int, error) {
+	// done is the last send's result, not yet in its ledger row: it is
+	// written in the transaction that claims the next row, so a backlog
+	// costs one commit per email instead of two.
+	var done *outcome
+	defer func() {
+		if done != nil {
+			s.record(context.WithoutCancel(ctx), *done)
+		}
+	}()
+	n := 0
+	for ctx.Err() == nil {
+		sent, next, err := s.sendNext(ctx, worker, done)
+		done = next
+		if sent {
+			n++
+		}
+		if err != nil || !sent {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // sendNext writes done, the previous send's result (nil if none), claims

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,4 +76,89 @@ func TestSenderWorkers(t *testing.T) {
 		seen[id] = true
 	}
 	require.LessOrEqual(t, srv.Connections(), workers, "connections are kept and reused, one per worker at most")
+}
+
+// blockingMailer holds every email to one recipient until release is
+// closed, and accepts the others at once.
+type blockingMailer struct {
+	held    string
+	holding chan struct{} // closed when the held email's send has begun
+	release chan struct{}
+	sent    chan string // the recipients accepted, in order
+}
+
+func (m *blockingMailer) Send(ctx context.Context, _, to string, _ []byte) (string, error) {
+	if to == m.held {
+		close(m.holding)
+		select {
+		case <-m.release:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	m.sent <- to
+	return "250 ok", nil
+}
+
+// TestWorkersDoNotWaitForEachOther: a worker whose share ran dry starts
+// again on the next nudge while another worker is still busy with a slow
+// send. Workers that waited for each other after each drain would leave
+// the new email until the slow send ends: under a steady stream, one busy
+// worker then held the others idle.
+func TestWorkersDoNotWaitForEachOther(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, schema.Notifier()...)
+	mailer := &blockingMailer{held: "slow@example.com", holding: make(chan struct{}), release: make(chan struct{}),
+		sent: make(chan string, 10)}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	s := NewSender(db.Pool, mailer, SenderConfig{From: "orders@shop.test", PollInterval: time.Hour, SendingTimeout: time.Minute,
+		Workers: 2}, m, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	var release sync.Once
+	t.Cleanup(func() {
+		release.Do(func() { close(mailer.release) }) // a send does not follow ctx
+		cancel()
+		<-stopped
+	})
+	// An order in each worker's share: the last byte of the order id
+	// decides (get_byte(uuid_send(order_id), 15) % workers).
+	write := func(lastByte byte, to string) {
+		t.Helper()
+		orderID := uuid.New()
+		orderID[15] = lastByte
+		id := uuid.New()
+		_, err := db.Pool.Exec(ctx, `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
+				aggregate_version, event_time, recipient, subject, body)
+			VALUES ($1::uuid::text, $1::uuid, '<' || $1::uuid::text || '>', $2, 'order.placed', 1, clock_timestamp(), $3, 's', 'b')`,
+			id, orderID, to)
+		require.NoError(t, err)
+	}
+	write(0, "slow@example.com") // worker 0's share
+	go func() { stopped <- s.Run(ctx) }()
+	select {
+	case <-mailer.holding:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first email's send never began")
+	}
+
+	// Worker 1 found its share empty right at the start; give its claim
+	// time to have returned, so the new row is not picked up by that drain.
+	time.Sleep(300 * time.Millisecond)
+	write(1, "quick@example.com") // worker 1's share
+	s.Nudge()
+	select {
+	case to := <-mailer.sent:
+		require.Equal(t, "quick@example.com", to)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle worker did not send the new email while the other worker's send was slow")
+	}
+	release.Do(func() { close(mailer.release) })
+	select {
+	case to := <-mailer.sent:
+		require.Equal(t, "slow@example.com", to)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the slow email was not sent once released")
+	}
 }
