@@ -117,7 +117,7 @@ func benchmarkConsume(b *testing.B, orders, perOrder, batchMax int) {
 		cons := NewConsumer(ConsumerConfig{
 			Brokers: []string{broker}, Topic: topic, Group: topic, MaxBatchRecords: batchMax,
 			ExtraOpts: []kgo.Opt{kgo.FetchMaxWait(100 * time.Millisecond)},
-		}, db.Pool, ib, m, quiet, func() {
+		}, db.Pool, ib, m, quiet, func([]inbox.Event) {
 			if applied.Add(1) == int64(n) {
 				close(all)
 			}

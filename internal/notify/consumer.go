@@ -112,9 +112,9 @@ type Consumer struct {
 	metrics *Metrics
 	log     *slog.Logger
 	tracer  trace.Tracer
-	// onApplied is called after a transaction that applied events
-	// committed; the notifier nudges its sender there.
-	onApplied func()
+	// onApplied is called with the events a committed transaction
+	// applied; the notifier nudges its sender there.
+	onApplied func([]inbox.Event)
 
 	mu sync.Mutex
 	// done holds, per partition, the last record whose local transaction
@@ -168,7 +168,7 @@ type Health struct {
 var errCrashed = errors.New("consumer crashed (simulated)")
 
 // NewConsumer returns a Consumer. onApplied may be nil.
-func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, m *Metrics, log *slog.Logger, onApplied func()) *Consumer {
+func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, m *Metrics, log *slog.Logger, onApplied func([]inbox.Event)) *Consumer {
 	if cfg.MaxBatchRecords <= 0 {
 		cfg.MaxBatchRecords = DefaultMaxBatchRecords
 	}
@@ -196,7 +196,7 @@ func NewConsumer(cfg ConsumerConfig, pool *pgxpool.Pool, ib *inbox.Inbox, m *Met
 		log = slog.Default()
 	}
 	if onApplied == nil {
-		onApplied = func() {}
+		onApplied = func([]inbox.Event) {}
 	}
 	return &Consumer{cfg: cfg, pool: pool, inbox: ib, metrics: m, log: log, tracer: tracerOf(cfg.TracerProvider), onApplied: onApplied,
 		done: map[topicPartition]*kgo.Record{}, health: health{lastCommit: map[topicPartition]progress{}}}
@@ -648,7 +648,7 @@ func (c *Consumer) finish(ctx context.Context, it batchItem) error {
 	switch res.Outcome {
 	case inbox.Applied, inbox.Covered:
 		log.InfoContext(ctx, "event "+string(res.Outcome), slog.Int("applied_with_held", len(res.Applied)))
-		c.onApplied()
+		c.onApplied(res.Applied)
 	case inbox.Duplicate:
 		// Redelivery returns the existing result: say what became of the
 		// email the first delivery asked for.

@@ -132,7 +132,14 @@ func NewService(pool *pgxpool.Pool, cfg Config) (*Service, error) {
 	ib.Metrics().InitEventTypes(EventTypes...)
 	s.Inbox = ib
 	s.Sender = NewSender(pool, cfg.Mailer, cfg.Sender, m, cfg.Logger)
-	s.Consumer = NewConsumer(cfg.Consumer, pool, ib, m, cfg.Logger, s.Sender.Nudge)
+	s.Consumer = NewConsumer(cfg.Consumer, pool, ib, m, cfg.Logger, func(applied []inbox.Event) {
+		if len(applied) == 0 {
+			s.Sender.Nudge()
+		}
+		for _, e := range applied {
+			s.Sender.NudgeOrder(e.AggregateID) // an order's emails are in one worker's share
+		}
+	})
 	return s, nil
 }
 

@@ -87,6 +87,9 @@ type Sender struct {
 	log     *slog.Logger
 	tracer  trace.Tracer
 	nudge   chan struct{}
+	// wake holds one channel per worker, for Run: a worker drains its
+	// share each time it receives from its own.
+	wake []chan struct{}
 }
 
 // NewSender returns a Sender.
@@ -115,11 +118,16 @@ func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, 
 		log = slog.Default()
 	}
 	m.UnknownPolicy.WithLabelValues(string(cfg.Policy)).Set(1)
-	return &Sender{pool: pool, mailer: mailer, cfg: cfg, metrics: m, log: log, tracer: tracerOf(cfg.TracerProvider), nudge: make(chan struct{}, 1)}
+	wake := make([]chan struct{}, cfg.Workers)
+	for w := range wake {
+		wake[w] = make(chan struct{}, 1)
+	}
+	return &Sender{pool: pool, mailer: mailer, cfg: cfg, metrics: m, log: log, tracer: tracerOf(cfg.TracerProvider),
+		nudge: make(chan struct{}, 1), wake: wake}
 }
 
-// Nudge wakes the sender after new ledger rows committed, so an email does
-// not wait for the next poll.
+// Nudge wakes every worker after new ledger rows committed, so an email
+// does not wait for the next poll.
 func (s *Sender) Nudge() {
 	select {
 	case s.nudge <- struct{}{}:
@@ -127,12 +135,30 @@ func (s *Sender) Nudge() {
 	}
 }
 
+// NudgeOrder wakes only the worker whose share holds the order's emails,
+// after ledger rows for that order committed: the others would each spend
+// a claim to find nothing (and, with a backlog in other shares, read past
+// it to learn so). An id that is not a UUID wakes every worker.
+func (s *Sender) NudgeOrder(orderID string) {
+	id, err := uuid.Parse(orderID)
+	if err != nil {
+		s.Nudge()
+		return
+	}
+	// The claim's share: get_byte(uuid_send(order_id), 15) % workers.
+	select {
+	case s.wake[int(id[15])%len(s.wake)] <- struct{}{}:
+	default: // already due to start again
+	}
+}
+
 // Run sends until ctx is cancelled. A send in progress when ctx ends is
 // finished (it is bounded by the mailer's timeout) and its result recorded.
 //
 // Each worker drains its share of the ledger and then waits to be woken, on
-// its own: after a nudge or a poll, every idle worker starts again at once,
-// whatever the others are doing. (Had the workers waited for each other
+// its own: after a Nudge or a poll every idle worker starts again at once,
+// after a NudgeOrder the one whose share holds the order, whatever the
+// others are doing. (Had the workers waited for each other
 // after each drain, a steady stream would keep one worker busy while the
 // ones whose shares ran dry sat idle, their new rows waiting: with eight
 // workers, about one worker's throughput.) Stale emails are skipped before
@@ -145,10 +171,8 @@ func (s *Sender) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { s.sweepLoop(ctx) })
-	wake := make([]chan struct{}, s.cfg.Workers)
-	for worker := range wake {
-		wake[worker] = make(chan struct{}, 1)
-		wg.Go(func() { s.work(ctx, worker, wake[worker]) })
+	for worker, wake := range s.wake {
+		wg.Go(func() { s.work(ctx, worker, wake) })
 	}
 	t := time.NewTicker(s.cfg.PollInterval)
 	defer t.Stop()
@@ -156,7 +180,7 @@ func (s *Sender) Run(ctx context.Context) error {
 		if err := s.skipStale(ctx); err != nil && ctx.Err() == nil {
 			s.log.ErrorContext(ctx, "email sender: stale-email skip failed; the claim still refuses a stale email", slog.String("error", err.Error()))
 		}
-		for _, w := range wake {
+		for _, w := range s.wake {
 			select {
 			case w <- struct{}{}:
 			default: // already due to start again

@@ -162,3 +162,58 @@ func TestWorkersDoNotWaitForEachOther(t *testing.T) {
 		t.Fatal("the slow email was not sent once released")
 	}
 }
+
+// TestNudgeOrderWakesOnlyItsWorker: after ledger rows for an order commit,
+// the worker whose share holds it starts at once and the others stay idle
+// (each would spend a claim finding nothing). An email in another share
+// waits for its own nudge or the poll.
+func TestNudgeOrderWakesOnlyItsWorker(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, schema.Notifier()...)
+	mailer := &blockingMailer{sent: make(chan string, 10)}
+	m, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	s := NewSender(db.Pool, mailer, SenderConfig{From: "orders@shop.test", PollInterval: time.Hour, SendingTimeout: time.Minute,
+		Workers: 2}, m, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+	})
+	write := func(lastByte byte, to string) uuid.UUID {
+		t.Helper()
+		orderID := uuid.New()
+		orderID[15] = lastByte
+		id := uuid.New()
+		_, err := db.Pool.Exec(ctx, `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
+				aggregate_version, event_time, recipient, subject, body)
+			VALUES ($1::uuid::text, $1::uuid, '<' || $1::uuid::text || '>', $2, 'order.placed', 1, clock_timestamp(), $3, 's', 'b')`,
+			id, orderID, to)
+		require.NoError(t, err)
+		return orderID
+	}
+	time.Sleep(300 * time.Millisecond) // the first drains, at start, found nothing
+	write(0, "other@example.com")      // worker 0's share, not nudged
+	order := write(3, "nudged@example.com")
+	s.NudgeOrder(order.String()) // worker 1's share (3 % 2)
+	select {
+	case to := <-mailer.sent:
+		require.Equal(t, "nudged@example.com", to)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the nudged worker did not send its order's email")
+	}
+	select {
+	case to := <-mailer.sent:
+		t.Fatalf("%s sent by a worker that was not nudged", to)
+	case <-time.After(500 * time.Millisecond):
+	}
+	s.NudgeOrder("not-a-uuid") // wakes every worker
+	select {
+	case to := <-mailer.sent:
+		require.Equal(t, "other@example.com", to)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a nudge for an id that is not a UUID did not wake every worker")
+	}
+}
