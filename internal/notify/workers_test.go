@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -122,19 +123,7 @@ func TestWorkersDoNotWaitForEachOther(t *testing.T) {
 		cancel()
 		<-stopped
 	})
-	// An order in each worker's share: the last byte of the order id
-	// decides (get_byte(uuid_send(order_id), 15) % workers).
-	write := func(lastByte byte, to string) {
-		t.Helper()
-		orderID := uuid.New()
-		orderID[15] = lastByte
-		id := uuid.New()
-		_, err := db.Pool.Exec(ctx, `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
-				aggregate_version, event_time, recipient, subject, body)
-			VALUES ($1::uuid::text, $1::uuid, '<' || $1::uuid::text || '>', $2, 'order.placed', 1, clock_timestamp(), $3, 's', 'b')`,
-			id, orderID, to)
-		require.NoError(t, err)
-	}
+	write := func(lastByte byte, to string) { writeEmailInShare(t, db.Pool, lastByte, to) }
 	write(0, "slow@example.com") // worker 0's share
 	go func() { stopped <- s.Run(ctx) }()
 	select {
@@ -182,18 +171,7 @@ func TestNudgeOrderWakesOnlyItsWorker(t *testing.T) {
 		cancel()
 		<-stopped
 	})
-	write := func(lastByte byte, to string) uuid.UUID {
-		t.Helper()
-		orderID := uuid.New()
-		orderID[15] = lastByte
-		id := uuid.New()
-		_, err := db.Pool.Exec(ctx, `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
-				aggregate_version, event_time, recipient, subject, body)
-			VALUES ($1::uuid::text, $1::uuid, '<' || $1::uuid::text || '>', $2, 'order.placed', 1, clock_timestamp(), $3, 's', 'b')`,
-			id, orderID, to)
-		require.NoError(t, err)
-		return orderID
-	}
+	write := func(lastByte byte, to string) uuid.UUID { return writeEmailInShare(t, db.Pool, lastByte, to) }
 	time.Sleep(300 * time.Millisecond) // the first drains, at start, found nothing
 	write(0, "other@example.com")      // worker 0's share, not nudged
 	order := write(3, "nudged@example.com")
@@ -216,4 +194,21 @@ func TestNudgeOrderWakesOnlyItsWorker(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a nudge for an id that is not a UUID did not wake every worker")
 	}
+}
+
+// writeEmailInShare writes a pending email to to for a new order whose id
+// ends in lastByte, which puts it in the share of worker lastByte % workers
+// (the claim's get_byte(uuid_send(order_id), 15) % workers), and returns
+// the order id.
+func writeEmailInShare(t *testing.T, pool *pgxpool.Pool, lastByte byte, to string) uuid.UUID {
+	t.Helper()
+	orderID := uuid.New()
+	orderID[15] = lastByte
+	id := uuid.New()
+	_, err := pool.Exec(context.Background(), `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
+			aggregate_version, event_time, recipient, subject, body)
+		VALUES ($1::uuid::text, $1::uuid, '<' || $1::uuid::text || '>', $2, 'order.placed', 1, clock_timestamp(), $3, 's', 'b')`,
+		id, orderID, to)
+	require.NoError(t, err)
+	return orderID
 }
