@@ -111,21 +111,13 @@ func TestWorkersDoNotWaitForEachOther(t *testing.T) {
 	db := pgtest.New(t, schema.Notifier()...)
 	mailer := &blockingMailer{held: "slow@example.com", holding: make(chan struct{}), release: make(chan struct{}),
 		sent: make(chan string, 10)}
-	m, err := NewMetrics(prometheus.NewRegistry())
-	require.NoError(t, err)
-	s := NewSender(db.Pool, mailer, SenderConfig{From: "orders@shop.test", PollInterval: time.Hour, SendingTimeout: time.Minute,
-		Workers: 2}, m, slog.New(slog.NewJSONHandler(io.Discard, nil)))
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error, 1)
-	var release sync.Once
-	t.Cleanup(func() {
-		release.Do(func() { close(mailer.release) }) // a send does not follow ctx
-		cancel()
-		<-stopped
-	})
 	write := func(lastByte byte, to string) { writeEmailInShare(t, db.Pool, lastByte, to) }
 	write(0, "slow@example.com") // worker 0's share
-	go func() { stopped <- s.Run(ctx) }()
+	s := runTwoWorkers(t, db.Pool, mailer)
+	var release sync.Once
+	// Before the sender stops (cleanups run last first): a send does not
+	// follow ctx.
+	t.Cleanup(func() { release.Do(func() { close(mailer.release) }) })
 	select {
 	case <-mailer.holding:
 	case <-time.After(10 * time.Second):
@@ -160,17 +152,7 @@ func TestNudgeOrderWakesOnlyItsWorker(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t, schema.Notifier()...)
 	mailer := &blockingMailer{sent: make(chan string, 10)}
-	m, err := NewMetrics(prometheus.NewRegistry())
-	require.NoError(t, err)
-	s := NewSender(db.Pool, mailer, SenderConfig{From: "orders@shop.test", PollInterval: time.Hour, SendingTimeout: time.Minute,
-		Workers: 2}, m, slog.New(slog.NewJSONHandler(io.Discard, nil)))
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan error, 1)
-	go func() { stopped <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-stopped
-	})
+	s := runTwoWorkers(t, db.Pool, mailer)
 	write := func(lastByte byte, to string) uuid.UUID { return writeEmailInShare(t, db.Pool, lastByte, to) }
 	time.Sleep(300 * time.Millisecond) // the first drains, at start, found nothing
 	write(0, "other@example.com")      // worker 0's share, not nudged
@@ -211,4 +193,22 @@ func writeEmailInShare(t *testing.T, pool *pgxpool.Pool, lastByte byte, to strin
 		id, orderID, to)
 	require.NoError(t, err)
 	return orderID
+}
+
+// runTwoWorkers runs a sender with two workers and an hour's poll until the
+// test ends.
+func runTwoWorkers(t *testing.T, pool *pgxpool.Pool, mailer Mailer) *Sender {
+	t.Helper()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	s := NewSender(pool, mailer, SenderConfig{From: "orders@shop.test", PollInterval: time.Hour, SendingTimeout: time.Minute,
+		Workers: 2}, m, slog.New(slog.NewJSONHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-stopped)
+	})
+	return s
 }
