@@ -161,8 +161,9 @@ func (s *Sender) NudgeOrder(orderID string) {
 // others are doing. (Had the workers waited for each other
 // after each drain, a steady stream would keep one worker busy while the
 // ones whose shares ran dry sat idle, their new rows waiting: with eight
-// workers, about one worker's throughput.) Stale emails are skipped before
-// each wake-up, as one statement.
+// workers, about one worker's throughput.) Stale emails are skipped, as
+// one statement, before every worker is woken; between those, the claim
+// refuses a stale email on its own.
 //
 // Abandoned sends are swept on a timer of their own (SweepInterval): a
 // row left 'sending' by a dead instance must become unknown (and alert)
