@@ -234,11 +234,15 @@ func (b *bench) capacityScenario(ctx context.Context) error {
 	return nil
 }
 
+// settlingPeriod is the start of a chain run left out of its verdicts and
+// latency figures: its first fifth, at most 5 s, while the just-started
+// services open their pools and prepare their statements.
+func settlingPeriod(run time.Duration) time.Duration { return min(run/5, 5*time.Second) }
+
 // lagsAfterWarmup returns a step's lag series without the samples of its
-// first fifth (at most 5 s), while the services' pools and the consumer
-// group settle.
+// settling period.
 func lagsAfterWarmup(samples []lagSample, t0 time.Time, step time.Duration) stepLags {
-	from := t0.Add(min(step/5, 5*time.Second))
+	from := t0.Add(settlingPeriod(step))
 	var l stepLags
 	for _, s := range samples {
 		if s.At.Before(from) {

@@ -314,13 +314,11 @@ func (b *bench) reportLatency(sc, prefix string, run *chainRun, t latencyTargets
 	b.rep.add(result{Scenario: sc, Figure: prefix + "POST /orders p50", Value: httpSum.P50, Unit: "ms"})
 	b.rep.add(result{Scenario: sc, Figure: prefix + "POST /orders p99", Value: httpSum.P99, Unit: "ms"})
 
-	// The figures with targets count the events committed after the first
-	// fifth of the run (at most 5 s), the same settling period as the
-	// capacity steps' lags: the services have just started and their
-	// connection pools, prepared statements and the load generator's
-	// connections are still being opened. The settling period's p99 is
-	// reported on its own row.
-	settle := min(load.Duration/5, 5*time.Second)
+	// The figures with targets count the events committed after the
+	// settling period, which the capacity steps' lags leave out too; the
+	// load generator is also still opening its connections then. The
+	// settling period's p99 is reported on its own row.
+	settle := settlingPeriod(load.Duration)
 	from := run.T0.Add(settle)
 	addLatency := func(what string, all []sample, target string, note string) {
 		var s, early []float64
