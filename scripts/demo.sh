@@ -54,12 +54,12 @@ pids=()
 rm -f "$state/stopping"
 cleanup() {
   # A second Ctrl-C must not cut the orderly stop short and leave services
-  # running without their supervisors.
-  trap '' INT TERM HUP
+  # running without their supervisors; nor may a closed output (make demo |
+  # tee, whose tee the same Ctrl-C ended), so the message may go nowhere.
+  trap '' INT TERM HUP PIPE
   trap - EXIT
   [ ${#pids[@]} -gt 0 ] || return 0
-  echo
-  echo "stopping demo (each service finishes its work in hand; a few seconds)"
+  { echo; echo "stopping demo (each service finishes its work in hand; a few seconds)"; } 2>/dev/null || true
   touch "$state/stopping"
   # Newest first: the notifier and orders finish their work (the relay
   # flushes to the broker) before the broker and Mailpit stop.
