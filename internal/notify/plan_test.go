@@ -33,7 +33,7 @@ func TestLedgerQueriesKeepTheirOrderOnABacklog(t *testing.T) {
 		INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type, aggregate_version, event_time,
 		                        recipient, subject, body, state, attempts, next_attempt_at, sending_since, created_at,
 		                        last_error_class, skip_reason)
-		SELECT 'k' || g, md5('e' || g)::uuid, '<' || g || '@test>', md5('o' || g)::uuid, 'order.placed', 1,
+		SELECT 'k' || g, md5('e' || g)::uuid, '<k' || g || '>', md5('o' || g)::uuid, 'order.placed', 1,
 		       CASE WHEN g <= 20 THEN now() - interval '3 days' ELSE now() - interval '1 hour' END,
 		       'a@example.com', 's', 'b', s.state, s.attempts,
 		       now() + s.due_in + g * interval '1 ms',

@@ -67,7 +67,7 @@ func TestStuckSendSweptDuringALongPass(t *testing.T) {
 	// Another instance claimed this row an hour ago and died mid-send.
 	_, err = db.Pool.Exec(ctx, `INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type,
 			aggregate_version, event_time, recipient, subject, body, state, attempts, claimed_by, claim_token, sending_since)
-		VALUES ('stuck', gen_random_uuid(), '<stuck@test>', gen_random_uuid(), 'order.placed', 1, now(),
+		VALUES ('stuck', gen_random_uuid(), '<stuck>', gen_random_uuid(), 'order.placed', 1, now(),
 			'bob@example.com', 's', 'b', 'sending', 1, 'dead-instance', gen_random_uuid(), now() - interval '1 hour')`)
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {

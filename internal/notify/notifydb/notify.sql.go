@@ -250,9 +250,11 @@ func (q *Queries) EmailSendCleanup(ctx context.Context, arg EmailSendCleanupPara
 }
 
 const emailSendCountOpen = `-- name: EmailSendCountOpen :many
-SELECT state, count(*) AS n FROM email_send
-WHERE state IN ('pending', 'sending', 'unknown', 'failed', 'skipped')
-GROUP BY state
+SELECT 'pending'::text AS state, count(*) AS n FROM email_send WHERE state = 'pending' HAVING count(*) > 0
+UNION ALL
+SELECT 'sending'::text, count(*) FROM email_send WHERE state = 'sending' HAVING count(*) > 0
+UNION ALL
+SELECT state, count(*) FROM email_send WHERE state IN ('unknown', 'failed', 'skipped') GROUP BY state
 `
 
 type EmailSendCountOpenRow struct {
@@ -261,9 +263,10 @@ type EmailSendCountOpenRow struct {
 }
 
 // The ledger gauges' exact part: the states the sender or an operator still
-// has to act on, and skipped, counted from their partial index
-// (email_send_counted_state_idx), so a refresh reads these rows only, never
-// the whole ledger.
+// has to act on, and skipped, each counted from a partial index that holds
+// exactly its rows (email_send_pending_due_idx, email_send_sending_idx,
+// email_send_rare_state_idx), so a refresh reads these rows only, never the
+// whole ledger. A state with no row has no row here.
 func (q *Queries) EmailSendCountOpen(ctx context.Context) ([]EmailSendCountOpenRow, error) {
 	rows, err := q.db.Query(ctx, emailSendCountOpen)
 	if err != nil {
