@@ -176,9 +176,12 @@ func TestGroupThousands(t *testing.T) {
 }
 
 func TestParseCPU(t *testing.T) {
-	busy, total := parseProcStat("cpu  100 5 50 800 20 3 2 0 0 0\ncpu0 1 2 3 4\n")
-	assert.Equal(t, 160.0, busy)
-	assert.Equal(t, 980.0, total)
+	m := parseProcStat("cpu  100 5 50 800 20 3 2 0 0 0\ncpu0 1 2 3 4\nintr 5 6\nctxt 123456\nbtime 1\n")
+	assert.Equal(t, 160.0, m.busy)
+	assert.Equal(t, 980.0, m.total)
+	assert.Equal(t, 55.0, m.kernel, "system, irq and softirq")
+	assert.Equal(t, 123456.0, m.switches)
+	assert.Equal(t, machineStat{}, parseProcStat("garbage"))
 	assert.Equal(t, 42.0, parsePidStat("1234 (orders serve) S 1 1234 1234 0 -1 4194560 100 0 0 0 30 12 0 0 20 0 8"))
 	assert.Equal(t, 0.0, parsePidStat("garbage"))
 }
@@ -305,8 +308,14 @@ func TestPostgresGroup(t *testing.T) {
 }
 
 func TestCoresString(t *testing.T) {
-	c := cores{Machine: 1.5, Procs: map[string]float64{"orders serve": 0.5, "devbroker": 0.125}}
-	assert.Equal(t, "machine 1.50 cores busy (devbroker 0.12, orders serve 0.50)", c.String())
+	c := cores{Machine: 1.5, Kernel: 0.6, Switches: 18250, Procs: map[string]float64{"orders serve": 0.5, "devbroker": 0.125}}
+	assert.Equal(t, "machine 1.50 cores busy, 0.60 in the kernel, 18,250 context switches/s (devbroker 0.12, orders serve 0.50)", c.String())
+	cpu, switches := c.perEvent(500)
+	assert.Equal(t, 3.0, cpu, "ms of CPU per event")
+	assert.Equal(t, 36.5, switches)
+	cpu, switches = c.perEvent(0)
+	assert.Zero(t, cpu)
+	assert.Zero(t, switches)
 }
 
 func TestJudgeStepAbsoluteNoise(t *testing.T) {

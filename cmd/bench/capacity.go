@@ -196,6 +196,7 @@ func (b *bench) capacityScenario(ctx context.Context) error {
 		b.rep.add(result{Scenario: sc, Figure: "cores busy at capacity", Value: c.Machine, Unit: "cores",
 			Reference: "cores", RefValue: float64(b.rep.Host.CPUs), Note: "at the capacity step: " + c.String()})
 		b.addCores(sc, "at capacity: ", c)
+		b.addCostPerOrder(sc, c, float64(good), api.CPU, apiMax)
 	}
 	b.rep.add(result{Scenario: sc, Figure: "cores busy, API alone", Value: api.CPU.Machine, Unit: "cores",
 		Reference: "cores", RefValue: float64(b.rep.Host.CPUs), Note: "API alone: " + api.CPU.String()})
@@ -232,6 +233,27 @@ func (b *bench) capacityScenario(ctx context.Context) error {
 	}
 	b.addPeaks(sc, peakList(peaks))
 	return nil
+}
+
+// addCostPerOrder reports what one order cost the whole machine at the
+// chain's capacity step against what it cost when the API ran alone at its
+// maximum. With every process on one host the chain can keep up with at
+// most 1/r of the API's maximum when it costs r times the API's CPU per
+// order, so a capacity of 0.5 needs r <= 2. The context switches and the
+// kernel's share show how much of that cost is events handed from one
+// process to the next rather than work on them.
+func (b *bench) addCostPerOrder(sc string, chain cores, rate float64, api cores, apiRate float64) {
+	chainCPU, chainSwitches := chain.perEvent(rate)
+	apiCPU, apiSwitches := api.perEvent(apiRate)
+	b.rep.add(result{Scenario: sc, Figure: "CPU per order at capacity", Value: chainCPU, Unit: "ms",
+		Reference: "API alone, at its maximum", RefValue: apiCPU, Target: "ratio <= 2 for a capacity of 0.5",
+		Note: "the cores the whole machine kept busy divided by the orders per second, every process of the chain on this host included"})
+	b.rep.add(result{Scenario: sc, Figure: "context switches per order at capacity", Value: chainSwitches, Unit: "switches",
+		Reference: "API alone, at its maximum", RefValue: apiSwitches, Target: "-",
+		Note: "the machine's context switches per second (/proc/stat ctxt) divided by the orders per second"})
+	b.rep.add(result{Scenario: sc, Figure: "kernel's share of the busy cores at capacity", Value: chain.Kernel, Unit: "cores",
+		Reference: "machine busy", RefValue: chain.Machine, Target: "-",
+		Note: fmt.Sprintf("system time and interrupts; API alone: %.2f of %.2f busy cores", api.Kernel, api.Machine)})
 }
 
 // settlingPeriod is the start of a chain run left out of its verdicts and

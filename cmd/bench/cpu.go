@@ -20,13 +20,13 @@ const clockTicks = 100
 // run's databases, and the server's own background processes (shared with
 // anyone else using the server).
 type cpuMeter struct {
-	start       time.Time
-	busy, total float64 // machine, in ticks
-	procs       map[string]int
-	procStart   map[string]float64
-	runID       string
-	pgStart     map[int]float64
-	result      *cores // once stopped
+	start     time.Time
+	machine   machineStat
+	procs     map[string]int
+	procStart map[string]float64
+	runID     string
+	pgStart   map[int]float64
+	result    *cores // once stopped
 }
 
 // The groups of PostgreSQL processes a cpuMeter reports.
@@ -39,7 +39,7 @@ const (
 // (name to pid), and of PostgreSQL's when runID is not empty.
 func startCPU(procs map[string]int, runID string) *cpuMeter {
 	m := &cpuMeter{start: time.Now(), procs: procs, procStart: map[string]float64{}, runID: runID}
-	m.busy, m.total = machineTicks()
+	m.machine = readMachineStat()
 	for name, pid := range procs {
 		m.procStart[name] = procTicks(pid)
 	}
@@ -53,9 +53,24 @@ func startCPU(procs map[string]int, runID string) *cpuMeter {
 }
 
 // cores is one measurement's result, in cores kept busy on average.
+// Kernel is the part of Machine spent in the kernel (system time and
+// interrupts), and Switches the machine's context switches per second:
+// every hop of an event from one process to the next wakes the next one
+// up, and on a virtual machine each wake-up is dear.
 type cores struct {
-	Machine float64
-	Procs   map[string]float64
+	Machine  float64
+	Kernel   float64
+	Switches float64
+	Procs    map[string]float64
+}
+
+// perEvent returns the CPU (in ms) and the context switches each event
+// cost the whole machine at rate events per second.
+func (c cores) perEvent(rate float64) (cpuMS, switches float64) {
+	if rate <= 0 {
+		return 0, 0
+	}
+	return 1000 * c.Machine / rate, c.Switches / rate
 }
 
 // add starts measuring one more process, from now.
@@ -70,8 +85,9 @@ func (m *cpuMeter) stop() cores {
 		return *m.result
 	}
 	secs := time.Since(m.start).Seconds()
-	busy, _ := machineTicks()
-	c := cores{Machine: (busy - m.busy) / clockTicks / secs, Procs: map[string]float64{}}
+	end := readMachineStat()
+	c := cores{Machine: (end.busy - m.machine.busy) / clockTicks / secs, Kernel: (end.kernel - m.machine.kernel) / clockTicks / secs,
+		Switches: (end.switches - m.machine.switches) / secs, Procs: map[string]float64{}}
 	for name, pid := range m.procs {
 		c.Procs[name] = (procTicks(pid) - m.procStart[name]) / clockTicks / secs
 	}
@@ -99,7 +115,7 @@ func (c cores) String() string {
 	for _, name := range names {
 		parts = append(parts, fmt.Sprintf("%s %.2f", name, c.Procs[name]))
 	}
-	s := fmt.Sprintf("machine %.2f cores busy", c.Machine)
+	s := fmt.Sprintf("machine %.2f cores busy, %.2f in the kernel, %s context switches/s", c.Machine, c.Kernel, groupThousands(fmt.Sprintf("%.0f", c.Switches)))
 	if len(parts) > 0 {
 		s += " (" + strings.Join(parts, ", ") + ")"
 	}
@@ -161,34 +177,50 @@ func postgresGroup(cmdline, runID string) string {
 	return ""
 }
 
-// machineTicks returns the busy and total CPU ticks of all cores from
-// /proc/stat; idle and iowait count as not busy.
-func machineTicks() (busy, total float64) {
+// machineStat is the whole machine's CPU time (in ticks, all cores) and
+// context switches since boot.
+type machineStat struct {
+	busy, total float64 // idle and iowait count as not busy
+	kernel      float64 // system, irq and softirq: part of busy
+	switches    float64
+}
+
+// readMachineStat reads the machine's counters from /proc/stat.
+func readMachineStat() machineStat {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0, 0
+		return machineStat{}
 	}
 	return parseProcStat(string(b))
 }
 
-func parseProcStat(s string) (busy, total float64) {
-	line, _, _ := strings.Cut(s, "\n")
-	f := strings.Fields(line)
-	if len(f) < 5 || f[0] != "cpu" {
-		return 0, 0
-	}
-	var idle float64
-	for i, v := range f[1:] {
-		n, err := strconv.ParseFloat(v, 64)
-		if err != nil {
+func parseProcStat(s string) machineStat {
+	var m machineStat
+	for _, line := range strings.Split(s, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && f[0] == "ctxt" {
+			m.switches, _ = strconv.ParseFloat(f[1], 64)
+		}
+		if len(f) < 5 || f[0] != "cpu" {
 			continue
 		}
-		total += n
-		if i == 3 || i == 4 { // idle, iowait
-			idle += n
+		var idle float64
+		for i, v := range f[1:] {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				continue
+			}
+			m.total += n
+			switch i {
+			case 3, 4: // idle, iowait
+				idle += n
+			case 2, 5, 6: // system, irq, softirq
+				m.kernel += n
+			}
 		}
+		m.busy = m.total - idle
 	}
-	return total - idle, total
+	return m
 }
 
 // procTicks returns the user and system CPU ticks a process used so far

@@ -219,11 +219,11 @@ func freeAddr() (string, error) {
 var errTimeout = errors.New("timed out")
 
 // baseEnv is the environment every started process begins with: a quiet
-// log, and the Go runtime's memory and collector settings when the
+// log, and the Go runtime's memory, collector and processor settings when the
 // benchmark itself was given them, to try them on the services.
 func baseEnv() []string {
 	env := []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "LOG_LEVEL=warn"}
-	for _, k := range []string{"GOMEMLIMIT", "GOGC"} {
+	for _, k := range []string{"GOMEMLIMIT", "GOGC", "GOMAXPROCS"} {
 		if v, ok := os.LookupEnv(k); ok {
 			env = append(env, k+"="+v)
 		}
