@@ -373,6 +373,9 @@ func applyStatements(e event) [][]any {
 	if e.Type == "order.paid" {
 		status = "paid"
 	}
+	// The ledger's Message-ID is its key in angle brackets, as the
+	// notifier writes it (a check in the schema holds every row to it).
+	key := e.Type + ":" + e.ID.String()
 	return [][]any{
 		{`INSERT INTO processed_event (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, outcome)
 		VALUES ($1, 'order', $2, $3, $4, 'applied') ON CONFLICT (event_id) DO NOTHING RETURNING event_id`,
@@ -396,7 +399,7 @@ func applyStatements(e event) [][]any {
 			aggregate_version, event_time, recipient, subject, body, state)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'pending')
 		ON CONFLICT (operation_key) DO NOTHING RETURNING operation_key`,
-			e.Type + ":" + e.ID.String(), e.ID, "<" + e.ID.String() + "@bench.local>", e.OrderID, e.Type, e.Version,
+			key, e.ID, "<" + key + ">", e.OrderID, e.Type, e.Version,
 			e.CreatedAt, email, "Your order " + e.OrderID, "Order " + e.OrderID + ": " + status + "."},
 	}
 }
