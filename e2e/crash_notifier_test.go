@@ -216,7 +216,13 @@ func TestNotifierKilledAfterLocalCommit(t *testing.T) {
 	t.Parallel()
 	c := newChain(t)
 	ids := c.traffic(t)
-	dying := start(t, "notifier", c.notifierEnv(map[string]string{"FAILPOINTS": "notifier/after-local-commit=kill"}), "serve")
+	// The dying notifier's sender polls only hourly: it is woken for the
+	// batch's emails after the failpoint, so it never claims one. Polling
+	// every 100 ms, as the harness does, it could claim an email between
+	// the commit and the kill, and that send's death is window 3, which
+	// leaves its row 'sending' until EMAIL_SENDING_TIMEOUT.
+	dying := start(t, "notifier", c.notifierEnv(map[string]string{"FAILPOINTS": "notifier/after-local-commit=kill",
+		"EMAIL_POLL_INTERVAL": "1h"}), "serve")
 	waitKilled(t, dying)
 
 	successor := start(t, "notifier", c.notifierEnv(nil), "serve")
