@@ -108,12 +108,38 @@ var errInjected = errors.New("injected failure after the business write")
 func TestAtomicity(t *testing.T) {
 	t.Parallel()
 
-	t.Run("CreateFailsAfterBusinessWrite", func(t *testing.T) {
+	t.Run("CreateFailsInItsLastStatement", func(t *testing.T) {
 		t.Parallel()
 		f := setup(t)
-		f.svc.afterWrite = func(context.Context, pgx.Tx, string) error { return errInjected }
-		_, _, err := f.svc.Place(context.Background(), alice, PlaceOrder{Input: newInput()})
+		ctx := context.Background()
+		// The create's statements go in one round trip with no COMMIT of
+		// their own; a trigger fails the last, the outbox insert, after the
+		// order and its lines are written.
+		_, err := f.pool.Exec(ctx, `CREATE FUNCTION fail_insert() RETURNS trigger LANGUAGE plpgsql
+				AS $$ BEGIN RAISE EXCEPTION 'injected failure of the outbox insert'; END $$;
+			CREATE TRIGGER fail_outbox BEFORE INSERT ON outbox FOR EACH ROW EXECUTE FUNCTION fail_insert()`)
+		require.NoError(t, err)
+		_, _, err = f.svc.Place(ctx, alice, PlaceOrder{Input: newInput()})
+		require.ErrorContains(t, err, "injected failure")
+		require.NotErrorIs(t, err, ErrCommitUnknown, "the database refused the batch: nothing committed, and the caller is told so")
+		require.Zero(t, f.count(t, "orders"), "the order row must roll back with the failed outbox write")
+		require.Zero(t, f.count(t, "order_lines"))
+		require.Zero(t, f.count(t, "outbox"))
+	})
+
+	t.Run("CreateInDirectModeFailsAfterBusinessWrite", func(t *testing.T) {
+		t.Parallel()
+		f := setup(t)
+		ctx := context.Background()
+		// A type in direct publish mode takes the explicit transaction
+		// (O7), where a failure can strike between the writes and COMMIT.
+		_, err := f.pool.Exec(ctx, "INSERT INTO outbox_publish_mode (event_type, mode, changed_by) VALUES ($1, 'direct', 'test')", EventPlaced)
+		require.NoError(t, err)
+		called := false
+		f.svc.afterWrite = func(context.Context, pgx.Tx, string) error { called = true; return errInjected }
+		_, _, err = f.svc.Place(ctx, alice, PlaceOrder{Input: newInput()})
 		require.ErrorIs(t, err, errInjected)
+		require.True(t, called, "the create ran in an explicit transaction")
 		require.Zero(t, f.count(t, "orders"), "the order row must roll back with the failed outbox write")
 		require.Zero(t, f.count(t, "order_lines"))
 		require.Zero(t, f.count(t, "outbox"))

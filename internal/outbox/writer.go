@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
@@ -205,6 +206,51 @@ func (w *Writer) Queue(ctx context.Context, b *pgx.Batch, events []Event) (func(
 		return w.inserted(ctx, tx, events, rows)
 	}, nil
 }
+
+// QueueOneTrip is Queue for a batch the caller sends outside any explicit
+// transaction, with pool.SendBatch or conn.SendBatch: PostgreSQL runs the
+// statements of such a batch as one implicit transaction that commits when
+// the batch ends, or rolls back whole when one of them fails, so a command
+// costs one round trip instead of three (BEGIN, the batch, COMMIT). It
+// refuses the same events as Queue, before anything is queued.
+//
+// A batch that commits by itself leaves no moment to send anything before
+// the commit, so it cannot carry events of a type in direct or shadow
+// publish mode (O7): for such a type the insert raises, nothing of the
+// batch commits, and NeedsTransaction reports true for the error sending
+// the batch returned. The caller then runs the command again in an explicit
+// transaction with Queue or Insert, which send those events. Types in
+// outbox mode, the default, never take that second path.
+//
+// Reading the outcome of a one-trip batch is the caller's: an error the
+// database returned (a *pgconn.PgError) means nothing committed, while a
+// lost connection after the batch was sent leaves the commit unknown, as
+// an error of COMMIT does.
+func (w *Writer) QueueOneTrip(ctx context.Context, b *pgx.Batch, events []Event) error {
+	if len(events) == 0 {
+		return nil
+	}
+	p, err := w.params(ctx, events)
+	if err != nil {
+		return err
+	}
+	p.OneRoundTrip = true
+	outboxdb.QueueOutboxInsert(b, p, nil)
+	return nil
+}
+
+// NeedsTransaction reports whether err, from sending a batch built with
+// QueueOneTrip, is the insert's refusal of an event type in direct or
+// shadow publish mode: nothing of the batch committed, and the command
+// must run in an explicit transaction instead.
+func NeedsTransaction(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == needsTransactionCode
+}
+
+// needsTransactionCode is the SQLSTATE outbox_needs_transaction raises
+// (migration 00009): the outbox's own, so no other error is taken for it.
+const needsTransactionCode = "OB001"
 
 // params validates events, fills in their ids and trace context, and lays
 // them out as the insert's arrays.

@@ -270,6 +270,77 @@ func TestWriterQueue(t *testing.T) {
 	require.Error(t, inserted(ctx, nil), "a batch that never ran is not taken for a write")
 }
 
+// TestWriterQueueOneTrip: a batch sent outside any explicit transaction,
+// with the events queued by QueueOneTrip, commits the caller's rows and the
+// events together in one round trip, and rolls back whole when any of its
+// statements fails: one that follows the insert, or the insert itself,
+// refusing an event type in direct or shadow publish mode, which
+// NeedsTransaction then recognises.
+func TestWriterQueueOneTrip(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, "CREATE TABLE business (id integer NOT NULL)")
+	require.NoError(t, err)
+	count := func(sql string) (n int) {
+		require.NoError(t, db.Pool.QueryRow(ctx, sql).Scan(&n))
+		return n
+	}
+
+	evs := []outbox.Event{event("one-trip", 1), event("one-trip", 2, loose)}
+	b := &pgx.Batch{}
+	b.Queue("INSERT INTO business VALUES (1)")
+	require.NoError(t, testWriter.QueueOneTrip(ctx, b, evs))
+	require.NoError(t, db.Pool.SendBatch(ctx, b).Close())
+	require.Equal(t, 1, count("SELECT count(*) FROM business"))
+	for _, ev := range evs {
+		var state, mode string
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT state, publish_mode FROM outbox WHERE event_id = $1", ev.ID).Scan(&state, &mode))
+		require.Equal(t, []string{"pending", "outbox"}, []string{state, mode})
+	}
+
+	// A statement after the insert fails: the rows before it roll back.
+	b = &pgx.Batch{}
+	b.Queue("INSERT INTO business VALUES (2)")
+	require.NoError(t, testWriter.QueueOneTrip(ctx, b, []outbox.Event{event("one-trip", 3)}))
+	b.Queue("INSERT INTO business VALUES (NULL)")
+	err = db.Pool.SendBatch(ctx, b).Close()
+	require.Error(t, err)
+	require.False(t, outbox.NeedsTransaction(err), "a failed statement is not the publish mode's refusal")
+	require.Equal(t, 1, count("SELECT count(*) FROM business"), "the batch rolls back whole")
+	require.Equal(t, 2, count("SELECT count(*) FROM outbox WHERE aggregate_id = 'one-trip'"))
+
+	// In direct or shadow mode the insert refuses the batch, which rolls
+	// back whole; Queue in an explicit transaction then writes the event.
+	for _, mode := range []string{"direct", "shadow"} {
+		_, err = db.Pool.Exec(ctx, `INSERT INTO outbox_publish_mode (event_type, mode, changed_by) VALUES ($1, $2, 'test')
+			ON CONFLICT (event_type) DO UPDATE SET mode = excluded.mode`, outboxtest.StrictType, mode)
+		require.NoError(t, err)
+		b = &pgx.Batch{}
+		b.Queue("INSERT INTO business VALUES (3)")
+		require.NoError(t, testWriter.QueueOneTrip(ctx, b, []outbox.Event{event("one-trip", 3)}))
+		err = db.Pool.SendBatch(ctx, b).Close()
+		require.True(t, outbox.NeedsTransaction(err), "%s mode: %v", mode, err)
+		require.ErrorContains(t, err, "publish mode")
+		require.Equal(t, 1, count("SELECT count(*) FROM business"), "%s mode: nothing commits", mode)
+		require.Equal(t, 2, count("SELECT count(*) FROM outbox WHERE aggregate_id = 'one-trip'"))
+	}
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	b = &pgx.Batch{}
+	inserted, err := testWriter.Queue(ctx, b, []outbox.Event{event("one-trip", 3)})
+	require.NoError(t, err)
+	require.NoError(t, tx.SendBatch(ctx, b).Close(), "Queue writes the same event in an explicit transaction")
+	require.ErrorIs(t, inserted(ctx, tx), outbox.ErrNoDirectPublisher, "and hands it to the direct path")
+	require.NoError(t, tx.Rollback(ctx))
+
+	require.False(t, outbox.NeedsTransaction(nil))
+	require.NoError(t, testWriter.QueueOneTrip(ctx, b, nil), "nothing to write is not an error")
+	b = &pgx.Batch{}
+	require.ErrorIs(t, testWriter.QueueOneTrip(ctx, b, []outbox.Event{event("", 1)}), outbox.ErrInvalidEvent)
+	require.Zero(t, b.Len(), "a refused event is never queued")
+}
+
 // TestNewWriterRefusesBadTypes: a list of event types that could never be
 // written or delivered is refused at start-up.
 func TestNewWriterRefusesBadTypes(t *testing.T) {

@@ -8,6 +8,12 @@
 -- and the relay on the mode stored, so exactly one of them sends. A type
 -- without a row in outbox_publish_mode is in outbox mode. A direct-mode
 -- row is written delivered: the direct path sends it, the relay never does.
+--
+-- one_round_trip is set when the statement is part of a batch sent outside
+-- any explicit transaction (Writer.QueueOneTrip): the batch commits before
+-- the direct path could act, so an event type in direct or shadow mode
+-- makes the statement raise (outbox_needs_transaction, migration 00009)
+-- and the whole batch roll back.
 INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version,
                     event_type, schema_version, payload, traceparent, tracestate,
                     publish_mode, state, delivered_at)
@@ -15,7 +21,9 @@ SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version,
        e.event_type, e.schema_version, e.payload,
        -- '' stands for "no trace context": pgx cannot send NULL inside text[] from []string.
        nullif(e.traceparent, ''), nullif(e.tracestate, ''),
-       coalesce(m.mode, 'outbox'),
+       CASE WHEN m.mode IS NULL THEN 'outbox'
+            WHEN @one_round_trip::boolean THEN outbox_needs_transaction(e.event_type, m.mode)
+            ELSE m.mode END,
        CASE WHEN m.mode = 'direct' THEN 'delivered' ELSE 'pending' END,
        CASE WHEN m.mode = 'direct' THEN clock_timestamp() END
 FROM (SELECT unnest(@event_ids::uuid[])          AS event_id,

@@ -139,23 +139,26 @@ SELECT e.event_id, e.aggregate_type, e.aggregate_id, e.aggregate_version,
        e.event_type, e.schema_version, e.payload,
        -- '' stands for "no trace context": pgx cannot send NULL inside text[] from []string.
        nullif(e.traceparent, ''), nullif(e.tracestate, ''),
-       coalesce(m.mode, 'outbox'),
+       CASE WHEN m.mode IS NULL THEN 'outbox'
+            WHEN $1::boolean THEN outbox_needs_transaction(e.event_type, m.mode)
+            ELSE m.mode END,
        CASE WHEN m.mode = 'direct' THEN 'delivered' ELSE 'pending' END,
        CASE WHEN m.mode = 'direct' THEN clock_timestamp() END
-FROM (SELECT unnest($1::uuid[])          AS event_id,
-             unnest($2::text[])     AS aggregate_type,
-             unnest($3::text[])       AS aggregate_id,
-             unnest($4::bigint[]) AS aggregate_version,
-             unnest($5::text[])         AS event_type,
-             unnest($6::integer[])  AS schema_version,
-             unnest($7::jsonb[])           AS payload,
-             unnest($8::text[])        AS traceparent,
-             unnest($9::text[])         AS tracestate) e
+FROM (SELECT unnest($2::uuid[])          AS event_id,
+             unnest($3::text[])     AS aggregate_type,
+             unnest($4::text[])       AS aggregate_id,
+             unnest($5::bigint[]) AS aggregate_version,
+             unnest($6::text[])         AS event_type,
+             unnest($7::integer[])  AS schema_version,
+             unnest($8::jsonb[])           AS payload,
+             unnest($9::text[])        AS traceparent,
+             unnest($10::text[])         AS tracestate) e
 LEFT JOIN outbox_publish_mode m ON m.event_type = e.event_type
 RETURNING event_id, publish_mode, created_at
 `
 
 type OutboxInsertParams struct {
+	OneRoundTrip      bool
 	EventIDs          []uuid.UUID
 	AggregateTypes    []string
 	AggregateIDs      []string
@@ -182,8 +185,15 @@ type OutboxInsertRow struct {
 // and the relay on the mode stored, so exactly one of them sends. A type
 // without a row in outbox_publish_mode is in outbox mode. A direct-mode
 // row is written delivered: the direct path sends it, the relay never does.
+//
+// one_round_trip is set when the statement is part of a batch sent outside
+// any explicit transaction (Writer.QueueOneTrip): the batch commits before
+// the direct path could act, so an event type in direct or shadow mode
+// makes the statement raise (outbox_needs_transaction, migration 00009)
+// and the whole batch roll back.
 func (q *Queries) OutboxInsert(ctx context.Context, arg OutboxInsertParams) ([]OutboxInsertRow, error) {
 	rows, err := q.db.Query(ctx, outboxInsert,
+		arg.OneRoundTrip,
 		arg.EventIDs,
 		arg.AggregateTypes,
 		arg.AggregateIDs,

@@ -8,9 +8,10 @@ import "github.com/jackc/pgx/v5"
 // arguments and the scan in step with OutboxInsert.
 
 // QueueOutboxInsert adds OutboxInsert to b. When the batch runs, the rows
-// the statement returns are appended to *dst.
+// the statement returns are appended to *dst, unless dst is nil.
 func QueueOutboxInsert(b *pgx.Batch, arg OutboxInsertParams, dst *[]OutboxInsertRow) {
 	b.Queue(outboxInsert,
+		arg.OneRoundTrip,
 		arg.EventIDs,
 		arg.AggregateTypes,
 		arg.AggregateIDs,
@@ -26,7 +27,9 @@ func QueueOutboxInsert(b *pgx.Batch, arg OutboxInsertParams, dst *[]OutboxInsert
 			if err := rows.Scan(&i.EventID, &i.PublishMode, &i.CreatedAt); err != nil {
 				return err
 			}
-			*dst = append(*dst, i)
+			if dst != nil {
+				*dst = append(*dst, i)
+			}
 		}
 		return rows.Err()
 	})
