@@ -39,7 +39,7 @@ var (
 // pipelinedOrderID is the order's id in pgbenchPipelined: time-ordered
 // like the service's UUIDv7, and the same in each statement of the
 // pipeline, whose implicit transaction has one now().
-const pipelinedOrderID = `(lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0') || lpad(to_hex(:r), 20, '0'))::uuid`
+const pipelinedOrderID = `(lpad(to_hex((extract(epoch FROM now()) * 1000)::bigint), 12, '0') || lpad(to_hex(:r::bigint), 20, '0'))::uuid`
 
 // postOrderStatements are the order, its one line and its order.placed
 // outbox row, given the first statement's values of the order's id and its
