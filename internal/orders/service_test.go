@@ -101,6 +101,15 @@ func (f *fixture) orderXmin(t *testing.T, id uuid.UUID) string {
 	return x
 }
 
+// requireNothingWritten fails unless the database holds no order, line
+// or outbox row: a failed create rolled back whole.
+func (f *fixture) requireNothingWritten(t *testing.T) {
+	t.Helper()
+	require.Zero(t, f.count(t, "orders"), "the order row must roll back with the failed outbox write")
+	require.Zero(t, f.count(t, "order_lines"))
+	require.Zero(t, f.count(t, "outbox"))
+}
+
 var errInjected = errors.New("injected failure after the business write")
 
 // TestAtomicity shows V1: the order and its outbox rows commit or roll back
@@ -122,9 +131,7 @@ func TestAtomicity(t *testing.T) {
 		_, _, err = f.svc.Place(ctx, alice, PlaceOrder{Input: newInput()})
 		require.ErrorContains(t, err, "injected failure")
 		require.NotErrorIs(t, err, ErrCommitUnknown, "the database refused the batch: nothing committed, and the caller is told so")
-		require.Zero(t, f.count(t, "orders"), "the order row must roll back with the failed outbox write")
-		require.Zero(t, f.count(t, "order_lines"))
-		require.Zero(t, f.count(t, "outbox"))
+		f.requireNothingWritten(t)
 	})
 
 	t.Run("CreateInDirectModeFailsAfterBusinessWrite", func(t *testing.T) {
@@ -140,9 +147,7 @@ func TestAtomicity(t *testing.T) {
 		_, _, err = f.svc.Place(ctx, alice, PlaceOrder{Input: newInput()})
 		require.ErrorIs(t, err, errInjected)
 		require.True(t, called, "the create ran in an explicit transaction")
-		require.Zero(t, f.count(t, "orders"), "the order row must roll back with the failed outbox write")
-		require.Zero(t, f.count(t, "order_lines"))
-		require.Zero(t, f.count(t, "outbox"))
+		f.requireNothingWritten(t)
 	})
 
 	t.Run("PayFailsAfterBusinessWrite", func(t *testing.T) {

@@ -42,6 +42,11 @@
 //   - NewWriter, Writer: checks events against the event types.
 //   - Writer.Insert: validates and writes events in the caller's pgx.Tx;
 //     Writer.Queue does the same as one statement of the caller's pgx.Batch.
+//   - Writer.QueueOneTrip: the same for a batch sent outside any explicit
+//     transaction, which PostgreSQL runs as one implicit transaction: the
+//     business change, its events and the commit in one round trip.
+//     NeedsTransaction: the batch's refusal of a type in direct or shadow
+//     publish mode, which needs an explicit transaction.
 //   - Writer.Validate: the same checks, without writing, and always
 //     against the JSON Schemas, which Insert and Queue check only for a
 //     Writer built with WithSchemaCheckOnInsert.
