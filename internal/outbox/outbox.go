@@ -48,7 +48,7 @@
 //     NeedsTransaction: the batch's refusal of a type in direct or shadow
 //     publish mode, which needs an explicit transaction.
 //   - Writer.Validate: the same checks, without writing, and always
-//     against the JSON Schemas, which Insert and Queue check only for a
+//     against the JSON Schemas, which Insert, Queue and QueueOneTrip check only for a
 //     Writer built with WithSchemaCheckOnInsert.
 //   - MaxPayloadBytes: the payload size limit (W6).
 //   - ErrInvalidEvent, ErrPayloadTooLarge, ErrUnknownEventType,

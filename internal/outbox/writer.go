@@ -91,12 +91,12 @@ type Writer struct {
 	types  *eventtypes.Set
 	given  []EventType     // as given to NewWriter, for EventTypes
 	direct DirectPublisher // the legacy path, for types in direct or shadow mode (O7)
-	// schemaOnInsert makes Insert and Queue check payloads against their
+	// schemaOnInsert makes Insert, Queue and QueueOneTrip check payloads against their
 	// JSON Schemas too (WithSchemaCheckOnInsert).
 	schemaOnInsert bool
 }
 
-// WithSchemaCheckOnInsert makes Insert and Queue check every payload
+// WithSchemaCheckOnInsert makes Insert, Queue and QueueOneTrip check every payload
 // against its JSON Schema, as Validate always does. Without it they check
 // everything else Validate checks (the type and schema version are
 // registered, the size, that the payload is JSON PostgreSQL can store) but
