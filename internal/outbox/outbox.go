@@ -48,8 +48,8 @@
 //     NeedsTransaction: the batch's refusal of a type in direct or shadow
 //     publish mode, which needs an explicit transaction.
 //   - Writer.Validate: the same checks, without writing, and always
-//     against the JSON Schemas, which Insert, Queue and QueueOneTrip check only for a
-//     Writer built with WithSchemaCheckOnInsert.
+//     against the JSON Schemas, which Insert, Queue and QueueOneTrip
+//     check only for a Writer built with WithSchemaCheckOnInsert.
 //   - MaxPayloadBytes: the payload size limit (W6).
 //   - ErrInvalidEvent, ErrPayloadTooLarge, ErrUnknownEventType,
 //     ErrUnknownSchemaVersion, InvalidEventError: why an event was refused.

@@ -91,13 +91,13 @@ type Writer struct {
 	types  *eventtypes.Set
 	given  []EventType     // as given to NewWriter, for EventTypes
 	direct DirectPublisher // the legacy path, for types in direct or shadow mode (O7)
-	// schemaOnInsert makes Insert, Queue and QueueOneTrip check payloads against their
-	// JSON Schemas too (WithSchemaCheckOnInsert).
+	// schemaOnInsert makes Insert, Queue and QueueOneTrip check payloads
+	// against their JSON Schemas too (WithSchemaCheckOnInsert).
 	schemaOnInsert bool
 }
 
-// WithSchemaCheckOnInsert makes Insert, Queue and QueueOneTrip check every payload
-// against its JSON Schema, as Validate always does. Without it they check
+// WithSchemaCheckOnInsert makes Insert, Queue and QueueOneTrip check every
+// payload against its JSON Schema, as Validate always does. Without it they check
 // everything else Validate checks (the type and schema version are
 // registered, the size, that the payload is JSON PostgreSQL can store) but
 // trust the payload's shape to the code that built it.
