@@ -112,6 +112,7 @@ func TestParseArgs(t *testing.T) {
 	assert.Equal(t, 1000, o.Rate)
 	assert.Equal(t, 1000000, o.RecoveryBacklog)
 	assert.Equal(t, defaultRelayBatch, o.batchSize())
+	assert.Equal(t, []int{defaultRelayBatch, 500}, o.relayBatches())
 
 	o, err = parseArgs([]string{"-tiny", "-backlog", "1000", "notifier", "relay", "relay"}, io.Discard)
 	require.NoError(t, err)
@@ -123,6 +124,7 @@ func TestParseArgs(t *testing.T) {
 	o, err = parseArgs([]string{"-relay-batch", "500", "relay"}, io.Discard)
 	require.NoError(t, err)
 	assert.Equal(t, 500, o.batchSize())
+	assert.Equal(t, []int{500}, o.relayBatches())
 
 	for _, bad := range [][]string{{}, {"nope"}, {"-rate", "0", "latency"}, {"-api-duration", "0s", "api"}, {"-relay-batch", "-1", "relay"}} {
 		_, err := parseArgs(bad, io.Discard)

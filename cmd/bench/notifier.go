@@ -160,7 +160,7 @@ func (b *bench) notifierScenario(ctx context.Context) error {
 		return err
 	}
 	defer opool.Close()
-	env, metrics, err := b.relayEnv(odb, baddr)
+	env, metrics, err := b.relayEnv(odb, baddr, b.opts.RelayBatch)
 	if err != nil {
 		return err
 	}

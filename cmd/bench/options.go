@@ -133,6 +133,16 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 	return o, nil
 }
 
+// relayBatches are the batch sizes the relay scenario drains at: the flag's
+// alone, or the service's default and 500, the two sizes the relay's target
+// names.
+func (o options) relayBatches() []int {
+	if o.RelayBatch > 0 {
+		return []int{o.RelayBatch}
+	}
+	return []int{defaultRelayBatch, 500}
+}
+
 // batchSize is the batch the relay uses: the flag, or the service's default.
 func (o options) batchSize() int {
 	if o.RelayBatch > 0 {
