@@ -46,7 +46,7 @@ func (b *bench) recoveryScenario(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	took, err := b.relayDrain(ctx, sc, db, n, b.opts.RelayBatch)
+	took, _, err := b.relayDrain(ctx, sc, db, n, b.opts.RelayBatch)
 	if err != nil {
 		return err
 	}

@@ -29,41 +29,43 @@ func (b *bench) relayEnv(db, broker string, batch int) (map[string]string, strin
 // relayDrain starts a broker and `orders relay` on db with RELAY_BATCH_SIZE
 // batch (0: the service's default), waits until the backlog of n events is
 // delivered and returns the time it took, from the start of the process to
-// the last confirm.
-func (b *bench) relayDrain(ctx context.Context, scenario, db string, n, batch int) (time.Duration, error) {
+// the last confirm, and the cores each process kept busy meanwhile.
+func (b *bench) relayDrain(ctx context.Context, scenario, db string, n, batch int) (time.Duration, cores, error) {
 	broker, addr, err := b.startBroker(ctx)
 	if err != nil {
-		return 0, err
+		return 0, cores{}, err
 	}
 	env, metrics, err := b.relayEnv(db, addr, batch)
 	if err != nil {
-		return 0, err
+		return 0, cores{}, err
 	}
 	pool, err := b.pool(ctx, db)
 	if err != nil {
-		return 0, err
+		return 0, cores{}, err
 	}
 	defer pool.Close()
 	start := time.Now()
 	relay, err := b.start("orders relay", b.bins["orders"], env, "relay")
 	if err != nil {
-		return 0, err
+		return 0, cores{}, err
 	}
+	meter := startCPU(map[string]int{"orders relay": relay.pid(), "devbroker": broker.pid(), "bench (polling)": selfPID()}, b.runID)
 	// Ready is only for the RSS baseline: the clock started above.
 	if err := relay.waitHTTP(ctx, "http://"+metrics+"/readyz"); err != nil {
-		return 0, err
+		return 0, cores{}, err
 	}
 	d, err := drainTime(ctx, pool, start, b.opts.DrainTimeout, []*proc{relay, broker})
 	if err != nil {
-		return 0, fmt.Errorf("relay drain: %w", err)
+		return 0, cores{}, fmt.Errorf("relay drain: %w", err)
 	}
+	used := meter.stop()
 	if err := b.stopProc(scenario, relay); err != nil {
-		return 0, err
+		return 0, cores{}, err
 	}
 	if err := b.stopProc(scenario, broker); err != nil {
-		return 0, err
+		return 0, cores{}, err
 	}
-	return d, checkDelivered(ctx, pool, n)
+	return d, used, checkDelivered(ctx, pool, n)
 }
 
 // relayScenario drains the same backlog three times at each batch size
@@ -117,7 +119,7 @@ func (b *bench) relayAtBatch(ctx context.Context, sc, src string, n, batch int) 
 		}
 	}
 
-	relayTime, err := b.relayDrain(ctx, sc, copies[0], n, batch)
+	relayTime, relayCPU, err := b.relayDrain(ctx, sc, copies[0], n, batch)
 	if err != nil {
 		return 0, err
 	}
@@ -128,7 +130,9 @@ func (b *bench) relayAtBatch(ctx context.Context, sc, src string, n, batch int) 
 	if err != nil {
 		return 0, err
 	}
+	loopMeter := startCPU(map[string]int{"bench (SQL client)": selfPID()}, b.runID)
 	got, loopTime, err := claimConfirmLoop(ctx, pool, batch)
+	loopCPU := loopMeter.stop()
 	pool.Close()
 	if err != nil {
 		return 0, err
@@ -161,6 +165,16 @@ func (b *bench) relayAtBatch(ctx context.Context, sc, src string, n, batch int) 
 	b.rep.add(result{Scenario: sc, Figure: "claim/confirm SQL loop (strict order), " + label, Value: loopRate, Unit: "events/s",
 		Reference: "unordered SQL loop", RefValue: unRate, Target: "ratio >= 0.8",
 		Note: "unordered: a lease UPDATE of SELECT event_id ... WHERE state='pending' AND next_attempt_at <= now() ORDER BY next_attempt_at, created_at LIMIT n FOR UPDATE SKIP LOCKED (the pending index's order, which is created_at's for this backlog), then a confirm UPDATE by primary key; both loops commit without waiting for the WAL flush, as the relay does; " + label})
+	// What one event cost the whole machine in each: on two cores shared
+	// by the database, the relay and the broker, the relay's and the
+	// broker's CPU is what the loop's database does not have to share.
+	relayMS, _ := relayCPU.perEvent(relayRate)
+	loopMS, _ := loopCPU.perEvent(loopRate)
+	b.rep.add(result{Scenario: sc, Figure: "CPU per event, orders relay, " + label, Value: 1000 * relayMS, Unit: "µs",
+		Reference: "SQL loop", RefValue: 1000 * loopMS, Target: "-",
+		Note: "the whole machine's busy cores over the drain, divided by the events per second; relay: " + relayCPU.String() + "; loop: " + loopCPU.String()})
+	b.addCores(sc, "relay, "+label+": ", relayCPU)
+	b.addCores(sc, "SQL loop, "+label+": ", loopCPU)
 	return relayRate, nil
 }
 
