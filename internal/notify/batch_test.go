@@ -289,3 +289,45 @@ func TestCrashAfterBatchCommit(t *testing.T) {
 		require.Equal(t, 1, e.smtp.Count(MessageID(x.id)))
 	}
 }
+
+// TestNextBatchDecodedAhead: under a backlog each batch is decoded while
+// the one before it is applied, and every record is still decoded once and
+// processed by its own decoding: a poison record in a later batch is
+// parked, every other record applied.
+func TestNextBatchDecodedAhead(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var mu sync.Mutex
+	decodes := map[int64]int{} // by offset
+	countDecodes := func(c *Config) {
+		c.Consumer.Decode = func(r *kgo.Record) (inbox.Event, error) {
+			mu.Lock()
+			decodes[r.Offset]++
+			mu.Unlock()
+			return DecodeRecord(r)
+		}
+	}
+	orders := []*order{newOrder(), newOrder(), newOrder()}
+	var recs []*kgo.Record
+	for _, o := range orders {
+		recs = append(recs, o.record(t, o.next(TypePlaced, nil)))
+	}
+	garbage := &kgo.Record{Key: []byte(orders[0].id.String()), Value: []byte("\x00not json")}
+	recs = append(recs, garbage) // offset 3: in the second batch of two
+	for _, o := range orders {
+		recs = append(recs, o.record(t, o.next(TypePaid, nil)))
+	}
+	e.start(withBatchMax(2), countDecodes, func(c *Config) { c.Consumer.MaxPollRecords = 100 })
+	e.produceOnePartition(recs...)
+
+	e.eventually(func() bool { return e.committedOffset(0) == int64(len(recs)) }, "all offsets committed")
+	require.Equal(t, 1, e.count(`SELECT count(*) FROM inbox_parked_record WHERE "offset" = 3`), "the poison record is parked")
+	for _, o := range orders {
+		require.Equal(t, int64(2), e.projection(o.id).Version, "placed and paid applied")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for off := range int64(len(recs)) {
+		require.Equal(t, 1, decodes[off], "record %d decoded once", off)
+	}
+}
