@@ -64,9 +64,7 @@ type ConsumerConfig struct {
 	// ExtraOpts are added to the client (TLS, SASL, test tuning).
 	ExtraOpts []kgo.Opt
 	// Decode turns a record into an event, or refuses it (the record is
-	// then parked). Nil means DecodeRecord. It is called from more than one
-	// goroutine: under a backlog the next batch is decoded while the
-	// current one is applied.
+	// then parked). Nil means DecodeRecord.
 	Decode inbox.DecodeFunc
 	// TracerProvider receives the consume and apply spans (L4); nil means
 	// the global provider.
@@ -125,10 +123,6 @@ type Consumer struct {
 	// backlog holds polled records not processed yet because the database
 	// failed; they are retried before anything else.
 	backlog []*kgo.Record
-	// ahead holds the decodings of the batch being processed, made while
-	// the batch before it was applied (drainBacklog); records missing from
-	// it are decoded when their batch is. Only the Run goroutine uses it.
-	ahead   map[*kgo.Record]decoded
 	crashed bool
 	health  health
 
@@ -334,35 +328,14 @@ func (c *Consumer) backlogLen() int {
 // stops at the first infrastructure failure, keeping the rest, and between
 // batches when the consumer is stopping (the rest is redelivered to the
 // next owner).
-//
-// While a batch is applied, the next one is decoded beside it (decodeAhead):
-// decoding and checking records is CPU that would otherwise run while the
-// database waits, between one batch's commit and the next one's first
-// statement.
 func (c *Consumer) drainBacklog(ctx context.Context) error {
-	var next func() map[*kgo.Record]decoded
-	defer func() {
-		c.ahead = nil
-		if next != nil {
-			next() // no goroutine outlives the drain
-		}
-	}()
 	for ctx.Err() == nil {
 		c.mu.Lock()
 		n := min(len(c.backlog), c.cfg.MaxBatchRecords)
 		batch := slices.Clone(c.backlog[:n])
-		following := slices.Clone(c.backlog[n:min(len(c.backlog), n+c.cfg.MaxBatchRecords)])
 		c.mu.Unlock()
 		if n == 0 {
 			return nil
-		}
-		c.ahead = nil
-		if next != nil {
-			c.ahead = next()
-		}
-		next = nil
-		if len(following) > 0 {
-			next = c.decodeAhead(following)
 		}
 		done, err := c.processBatch(ctx, batch)
 		c.mu.Lock()
@@ -379,39 +352,6 @@ func (c *Consumer) drainBacklog(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// decoded is one record's decoding: the event, or why it cannot be
-// processed.
-type decoded struct {
-	event inbox.Event
-	err   error
-}
-
-// decodeAhead decodes recs in a goroutine of its own and returns a function
-// that waits for it and returns the decodings by record. Decoding has no
-// effect but its result, so a record whose batch turns out different (a
-// rebalance dropped records meanwhile) is simply decoded again.
-func (c *Consumer) decodeAhead(recs []*kgo.Record) func() map[*kgo.Record]decoded {
-	ch := make(chan map[*kgo.Record]decoded, 1)
-	go func() {
-		m := make(map[*kgo.Record]decoded, len(recs))
-		for _, r := range recs {
-			e, err := c.cfg.Decode(r)
-			m[r] = decoded{event: e, err: err}
-		}
-		ch <- m
-	}()
-	return sync.OnceValue(func() map[*kgo.Record]decoded { return <-ch })
-}
-
-// decode returns r's decoding, made ahead when its batch was (see
-// drainBacklog), or now.
-func (c *Consumer) decode(r *kgo.Record) (inbox.Event, error) {
-	if d, ok := c.ahead[r]; ok {
-		return d.event, d.err
-	}
-	return c.cfg.Decode(r)
 }
 
 // degrade pauses the partitions of the kept records and reports the
@@ -556,7 +496,7 @@ func (c *Consumer) applyBatch(ctx context.Context, recs []*kgo.Record) (items []
 		var ctxs []context.Context
 		var at []int // the index in items (and recs) of each event
 		for i, r := range recs {
-			e, derr := c.decode(r)
+			e, derr := c.cfg.Decode(r)
 			rctx, span := c.startConsume(ctx, r, e)
 			spans = append(spans, span)
 			if parkable(derr) {
