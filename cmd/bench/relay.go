@@ -82,8 +82,8 @@ func (b *bench) relayScenario(ctx context.Context) error {
 	if err := b.fillBacklog(ctx, src, n); err != nil {
 		return err
 	}
-	var relayRate float64
-	for i, batch := range b.opts.relayBatches() {
+	batches := b.opts.relayBatches()
+	for i, batch := range batches {
 		rate, err := b.relayAtBatch(ctx, sc, src, n, batch)
 		if err != nil {
 			return err
@@ -91,7 +91,6 @@ func (b *bench) relayScenario(ctx context.Context) error {
 		if i == 0 {
 			// The first size is the relay's default (or the one asked
 			// for): the reference of Watermill's row and of recovery.
-			relayRate = rate
 			b.relayRate = rate
 		}
 	}
@@ -100,7 +99,7 @@ func (b *bench) relayScenario(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	b.rep.add(result{Scenario: sc, Figure: fmt.Sprintf("orders relay / Watermill Forwarder, %d events, batch %d", n, b.opts.batchSize()), Value: relayRate, Unit: "events/s",
+	b.rep.add(result{Scenario: sc, Figure: fmt.Sprintf("orders relay / Watermill Forwarder, %d events, batch %d", n, batches[0]), Value: b.relayRate, Unit: "events/s",
 		Reference: "Watermill SQL Forwarder", RefValue: wmRate, Target: "ratio >= 8",
 		Note: "Watermill v1.5 components/forwarder over watermill-sql v4 (PostgreSQL schema and offsets adapters, subscriber batch 100) to watermill-kafka v3's publisher (sarama, acks from all in-sync replicas, idempotent); the same events and payloads, written into its table by its SQL publisher in transactions of 1,000 events; timed from its start to the commit of the consumer group's last offset, in the benchmark process"})
 	return nil

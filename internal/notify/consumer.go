@@ -631,13 +631,12 @@ func (c *Consumer) finish(ctx context.Context, it batchItem) error {
 		return nil
 	}
 	c.inbox.Observe(res)
-	// The record's log line, built only when it is written: at the
+	// The record's log line is built only when it is written: at the
 	// default level it is not, and a backlog is many records.
+	infoOn := c.log.Enabled(ctx, slog.LevelInfo)
 	info := func(msg string, attrs ...any) {
-		if c.log.Enabled(ctx, slog.LevelInfo) {
-			attrs = append(append(e.LogAttrs(), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset)), attrs...)
-			c.log.InfoContext(ctx, msg, attrs...)
-		}
+		attrs = append(append(e.LogAttrs(), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset)), attrs...)
+		c.log.InfoContext(ctx, msg, attrs...)
 	}
 	failpoint.Inject(failpoint.NotifierAfterLocalCommit)
 	if c.afterLocalCommit != nil {
@@ -654,13 +653,15 @@ func (c *Consumer) finish(ctx context.Context, it batchItem) error {
 	}
 	switch res.Outcome {
 	case inbox.Applied, inbox.Covered:
-		info("event "+string(res.Outcome), slog.Int("applied_with_held", len(res.Applied)))
+		if infoOn {
+			info("event "+string(res.Outcome), slog.Int("applied_with_held", len(res.Applied)))
+		}
 		c.onApplied(res.Applied)
 	case inbox.Duplicate:
 		// Redelivery returns the existing result: say what became of the
 		// email the first delivery asked for (a read of the ledger, made
 		// only for the log line).
-		if c.log.Enabled(ctx, slog.LevelInfo) {
+		if infoOn {
 			attrs := []any{slog.Int64("last_applied_version", res.LastVersion)}
 			if state, ok := c.ledgerState(ctx, e); ok {
 				attrs = append(attrs, slog.String("email_state", state))
