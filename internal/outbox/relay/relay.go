@@ -403,61 +403,159 @@ type leased struct {
 	mode        string // the publish mode the row was written in (O7)
 }
 
-// drain reads a batch and delivers it, and goes on while the batches come
+// drain reads batches and delivers them, and goes on while the batches come
 // back full, which means a backlog. It returns whether to read again at
 // once rather than after the poll interval. It returns once nothing is in
 // flight, at the latest when the partitions' upkeep (maintain) is due.
 //
-// Under a backlog the next batch is read while the previous one is with
-// the broker, so the database and the broker work at the same time instead
-// of taking turns; a batch's delivery still starts only once the previous
-// one is settled. At most two batches are in flight at a time, and strict
-// order holds without any further care: the read of the next batch skips
-// the rows in flight, and sees them as pending, hence undelivered, so the
-// strict guard keeps the later versions of their aggregates out of it.
-// Those versions wait for a read made after the confirm, which is why a
-// read that ran beside a delivery asks to be followed at once by another.
+// Under a backlog the batches move through three stages that work at the
+// same time: while one batch is read, the one before it is with the
+// broker and the one before that is confirmed (pipeline, below). A batch
+// goes to the broker only once the previous one was answered, and to its
+// confirm only once the previous confirm is done, so at most three batches
+// are in flight, one per stage. Strict order holds without any further
+// care: a read skips the rows in flight, and sees them as pending, hence
+// undelivered, so the strict guard keeps the later versions of their
+// aggregates out of it. Those versions wait for a read made after the
+// confirm, which is why a read that ran beside a delivery asks to be
+// followed at once by another.
 //
-// The batch claimed ahead keeps the produce deadline of its own claim
-// (R5a), so the time it waits for the previous batch comes out of its
-// sending time: a broker that stalls one batch also shortens the next
-// one's, and records that run out of time are retried after backoff like
-// any unanswered send. A healthy broker answers in milliseconds, far
-// inside the deadline.
+// A batch keeps the produce deadline of its own read (R5a), so the time it
+// waits for the batch ahead of it comes out of its sending time: a broker
+// that stalls one batch also shortens the next one's, and records that run
+// out of time are retried after backoff like any unanswered send. A
+// healthy broker answers in milliseconds, far inside the deadline.
 func (r *Relay) drain(ctx context.Context, cl *kgo.Client) (again bool, err error) {
-	start := time.Now()
-	batch, n, err := r.prepare(ctx, nil)
-	overlapped := false // the read ran while a batch was being delivered
+	p := pipeline{r: r, cl: cl}
 	for {
-		if err != nil {
+		start := time.Now()
+		overlapped := p.busy() // this read runs beside deliveries
+		batch, n, err := r.prepare(ctx, p.inFlight())
+		switch {
+		case isCrash(err):
+			p.wait()
 			return false, err
+		case err != nil:
+			return false, errors.Join(err, p.finish(ctx))
+		case n == 0:
+			return overlapped, p.finish(ctx)
 		}
-		if n == 0 {
-			return overlapped, nil
+		err = p.push(ctx, start, batch)
+		if isCrash(err) {
+			return false, err // a simulated crash: what was read is left unsent, as it would be
 		}
 		if n < r.cfg.BatchSize || ctx.Err() != nil || r.own.due(time.Now()) {
 			// No backlog, stopping, or the partitions' upkeep is due:
-			// deliver this batch alone. After a full batch, read again
-			// at once.
-			return overlapped || n == r.cfg.BatchSize, r.deliver(ctx, cl, start, batch)
+			// deliver what is in flight and read nothing more. After a
+			// full batch, read again at once.
+			err = errors.Join(err, p.finish(ctx))
+			return !isCrash(err) && (overlapped || n == r.cfg.BatchSize), err
 		}
-		delivered := make(chan error, 1)
-		go func(start time.Time, batch []leased) {
-			delivered <- r.deliver(ctx, cl, start, batch)
-		}(start, batch)
-		start = time.Now()
-		inFlight := batch
-		batch, n, err = r.prepare(ctx, inFlight)
-		overlapped = true
-		if derr := <-delivered; derr != nil {
-			var he *hookError
-			if errors.As(derr, &he) {
-				return false, derr // a simulated crash: the next batch is left unsent, as it would be
-			}
-			// The batch read meanwhile is delivered all the same.
-			r.log.ErrorContext(ctx, "outbox relay cycle failed", "error", derr)
+		if err != nil {
+			// The batches behind the one that failed are delivered all
+			// the same.
+			r.log.ErrorContext(ctx, "outbox relay cycle failed", "error", err)
 		}
 	}
+}
+
+// isCrash reports whether err comes from a hook, which stops the relay as
+// a crash at that point would.
+func isCrash(err error) bool {
+	var he *hookError
+	return errors.As(err, &he)
+}
+
+// pipeline holds the batches a drain has in flight behind the one being
+// read: at most one with the broker and one being confirmed, each in its
+// own goroutine.
+type pipeline struct {
+	r  *Relay
+	cl *kgo.Client
+
+	sending  chan sendResult // answers once the batch with the broker is answered; nil when none
+	sendRows []leased
+	settling chan error // answers once the batch being confirmed is settled; nil when none
+	settled  []leased
+}
+
+// sendResult is a batch the broker answered, on its way to its confirm.
+type sendResult struct {
+	ctx      context.Context // the batch's span, which the confirm ends
+	batch    []leased
+	outcomes []outcome
+	err      error // a hook's only
+}
+
+func (p *pipeline) busy() bool { return p.sending != nil || p.settling != nil }
+
+// inFlight returns the rows of the batches in flight, which a read skips.
+func (p *pipeline) inFlight() []leased {
+	if len(p.settled) == 0 {
+		return p.sendRows
+	}
+	return slices.Concat(p.sendRows, p.settled)
+}
+
+// wait waits for the stages in flight to finish, and returns what the
+// broker stage answered and the confirm's error.
+func (p *pipeline) wait() (sendResult, error) {
+	var s sendResult
+	var err error
+	if p.sending != nil {
+		s = <-p.sending
+		p.sending, p.sendRows = nil, nil
+	}
+	if p.settling != nil {
+		err = <-p.settling
+		p.settling, p.settled = nil, nil
+	}
+	return s, err
+}
+
+// push moves every batch one stage on, once both stages are free: the
+// batch the broker answered goes to its confirm, and batch, read at start,
+// goes to the broker. It returns the error of the confirm that finished.
+// A hook's error (a simulated crash) is returned at once, with no stage
+// started.
+func (p *pipeline) push(ctx context.Context, start time.Time, batch []leased) error {
+	s, err := p.wait()
+	if isCrash(s.err) {
+		return s.err
+	}
+	if isCrash(err) {
+		if s.ctx != nil {
+			trace.SpanFromContext(s.ctx).End()
+		}
+		return err
+	}
+	if s.ctx != nil {
+		done := make(chan error, 1)
+		p.settling, p.settled = done, s.batch
+		go func() { done <- p.r.confirm(s) }()
+	}
+	if len(batch) > 0 {
+		done := make(chan sendResult, 1)
+		p.sending, p.sendRows = done, batch
+		go func() { done <- p.r.send(ctx, p.cl, start, batch) }()
+	}
+	return err
+}
+
+// finish delivers every batch in flight and returns the errors of their
+// confirms.
+func (p *pipeline) finish(ctx context.Context) error {
+	var errs []error
+	for p.busy() {
+		err := p.push(ctx, time.Time{}, nil)
+		if isCrash(err) {
+			return err
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // prepare reads one batch, skipping the rows of inFlight, and settles its
@@ -476,33 +574,34 @@ func (r *Relay) prepare(ctx context.Context, inFlight []leased) (batch []leased,
 	return batch, n, err
 }
 
-// deliver sends one claimed batch and settles it. start is when its claim
-// began, from which its produce deadline counts.
-func (r *Relay) deliver(ctx context.Context, cl *kgo.Client, start time.Time, batch []leased) error {
-	if len(batch) == 0 {
-		return nil // only shadow rows, settled already
-	}
+// send hands one batch to the broker and waits for every answer. start is
+// when its read began, from which its produce deadline counts.
+func (r *Relay) send(ctx context.Context, cl *kgo.Client, start time.Time, batch []leased) sendResult {
 	ctx, span := r.startBatch(ctx, start, len(batch))
-	defer span.End()
-
-	// The deadline counts from before the claim, so it ends at least
+	// The deadline counts from before the read, so it ends at least
 	// Lease/2 before the lease it protects (R5a).
 	pctx, done := r.produceContext(ctx, start.Add(r.cfg.ProduceTimeout))
 	outcomes := r.publish(pctx, cl, batch)
 	done()
 	if err := r.afterProduce(ctx, outcomes); err != nil {
-		return err
+		span.End()
+		return sendResult{err: err}
 	}
+	return sendResult{ctx: ctx, batch: batch, outcomes: outcomes}
+}
 
-	// Settling must happen even when ctx was cancelled meanwhile: it is
-	// what hands the rows over to a successor.
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+// confirm settles one batch the broker answered and ends its span.
+func (r *Relay) confirm(s sendResult) error {
+	defer trace.SpanFromContext(s.ctx).End()
+	// Settling must happen even when the relay is stopping: it is what
+	// hands the rows over to a successor.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), dbTimeout)
 	defer cancel()
-	confirmed, err := r.settle(sctx, fenceOf(claimsOf(batch)), outcomes)
+	confirmed, err := r.settle(sctx, fenceOf(claimsOf(s.batch)), s.outcomes)
 	if err != nil {
 		return err
 	}
-	return r.afterConfirm(ctx, confirmed)
+	return r.afterConfirm(s.ctx, confirmed)
 }
 
 // shadow compares and settles the claimed rows written in shadow mode,
