@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	pgxuuid "github.com/vgarvardt/pgx-google-uuid/v5"
 )
 
 // bench is the state of one run: the binaries, the server, and everything
@@ -203,8 +204,19 @@ func (b *bench) notifierDB(ctx context.Context, label string) (string, error) {
 	return name, runCmd(ctx, b.bins["notifier"], map[string]string{"DATABASE_URL": b.dbURL(name)}, "migrate")
 }
 
+// pool opens a pool on db whose connections encode uuid.UUID in binary, as
+// the services' pools do, so that the SQL references spend no more per
+// statement than the services.
 func (b *bench) pool(ctx context.Context, db string) (*pgxpool.Pool, error) {
-	return pgxpool.New(ctx, b.dbURL(db))
+	cfg, err := pgxpool.ParseConfig(b.dbURL(db))
+	if err != nil {
+		return nil, err
+	}
+	cfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
+		pgxuuid.Register(conn.TypeMap())
+		return nil
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
 func (b *bench) dropDatabases(ctx context.Context) {

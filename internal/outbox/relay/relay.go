@@ -91,7 +91,13 @@ const (
 
 // Config configures a Relay. Durations left zero take the defaults above.
 type Config struct {
-	// Pool is the database that holds the outbox table.
+	// Pool is the database that holds the outbox table. Register the
+	// google/uuid codec on its connections (github.com/vgarvardt/pgx-google-uuid,
+	// in the pool's AfterConnect, as cmd/orders does). Without it pgx
+	// encodes each uuid.UUID through its driver.Valuer, as text parsed back.
+	// Each read sends the ids in flight, and each confirm the ids it
+	// confirms; under a backlog that took about a quarter of the CPU of
+	// BenchmarkBacklogDrain's process, broker included (docs/benchmarks.md).
 	Pool *pgxpool.Pool
 	// Kafka holds the options that reach the cluster (seed brokers, TLS,
 	// SASL, logger) as the service configures them. The relay adds its

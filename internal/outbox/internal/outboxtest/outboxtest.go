@@ -31,6 +31,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	pgxuuid "github.com/vgarvardt/pgx-google-uuid/v5"
 
 	"github.com/outboxref/orders/internal/outbox"
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
@@ -130,7 +131,18 @@ func CreateDB() (db *DB, drop func() error, err error) {
 	if cfg.Password != "" {
 		url = fmt.Sprintf("postgres://%s:%s@%s:%d/%s?sslmode=disable", cfg.User, cfg.Password, cfg.Host, cfg.Port, name)
 	}
-	pool, err = pgxpool.New(ctx, url)
+	pcfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The pool a service gives the outbox registers the google/uuid codec,
+	// as cmd/orders does (see relay.Config.Pool); the tests and benchmarks
+	// run the same way.
+	pcfg.AfterConnect = func(_ context.Context, conn *pgx.Conn) error {
+		pgxuuid.Register(conn.TypeMap())
+		return nil
+	}
+	pool, err = pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, nil, fmt.Errorf("connect to %s: %w", name, err)
 	}
