@@ -649,7 +649,7 @@ func (r *Relay) produceContext(ctx context.Context, deadline time.Time) (context
 	pctx, cancel := context.WithCancelCause(base)
 	stop := context.AfterFunc(ctx, func() {
 		// DrainTimeout counts from the stop, not from this batch's turn:
-		// a batch claimed ahead (see drain) that is sent after the stop
+		// a batch read ahead (see drain) that is sent after the stop
 		// gets what is left of it, so the sends of every batch end within
 		// one DrainTimeout of the stop.
 		wait := r.cfg.DrainTimeout
@@ -767,8 +767,8 @@ func (r *Relay) produce(pctx context.Context, cl *kgo.Client, recs []*kgo.Record
 	for _, i := range idx {
 		outcomes[i].Err, outcomes[i].Class = nil, ""
 		if pctx.Err() != nil {
-			// Out of time before the send (a stop, or a batch claimed
-			// ahead whose time went to the one before it): the record is
+			// Out of time before the send (a stop, or a batch read
+			// ahead whose time went to the batches before it): the record is
 			// not handed to the client, which would keep it buffered and
 			// could still deliver it after its row was released. It is
 			// counted below as unanswered.
