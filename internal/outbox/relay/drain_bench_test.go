@@ -199,7 +199,7 @@ func unorderedClaim(ctx context.Context, tx pgx.Tx, size int) ([]uuid.UUID, erro
 		if err != nil {
 			return nil, err
 		}
-		ids = append(ids, uuid.UUID(vals[0].([16]byte)))
+		ids = append(ids, vals[0].(uuid.UUID)) // the pool decodes uuids with the google/uuid codec
 	}
 	return ids, rows.Err()
 }
