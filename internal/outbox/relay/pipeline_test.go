@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -17,11 +16,12 @@ import (
 
 // TestThreeBatchesInFlight: under a backlog a batch is read while the one
 // before it is with the broker and the one before that is being confirmed.
-// The first batch's confirm is held until the third batch was read and the
-// second was answered, which happens only if the three stages run at once.
-// No read holds a row in flight, neither later read holds the second version of an aggregate whose first
-// version is still unconfirmed (R6), and every aggregate's versions reach
-// the broker in order.
+// The first batch's confirm is held before it commits (a row lock the test
+// takes once the broker answered the batch) until the third batch was read
+// and the second answered, which happens only if the three stages run at
+// once. No read returns a row in flight, neither later read returns the
+// second version of an aggregate whose first version is still unconfirmed
+// (R6), and every aggregate's versions reach the broker in order.
 func TestThreeBatchesInFlight(t *testing.T) {
 	t.Parallel()
 	const batch = 5
@@ -38,7 +38,6 @@ func TestThreeBatchesInFlight(t *testing.T) {
 		mu       sync.Mutex
 		reads    [][]relay.Claim
 		produced int
-		confirms int
 		third    = make(chan struct{}) // closed once the third batch is read and the second answered
 	)
 	ready := func() { // with mu held
@@ -50,6 +49,26 @@ func TestThreeBatchesInFlight(t *testing.T) {
 			}
 		}
 	}
+	// hold locks one row of the first batch, so that its confirm waits
+	// before it commits, until the third read or 15 seconds.
+	hold := func(ctx context.Context, id uuid.UUID) error {
+		tx, err := e.DB.Pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM outbox WHERE event_id = $1 FOR UPDATE", id); err != nil {
+			_ = tx.Rollback(ctx)
+			return err
+		}
+		go func() {
+			select {
+			case <-third:
+			case <-time.After(15 * time.Second):
+			}
+			_ = tx.Rollback(context.Background())
+		}()
+		return nil
+	}
 	start(t, e.relay(t, func(c *relayConfig) {
 		c.BatchSize = batch
 		c.Hooks.AfterClaim = func(_ context.Context, cs []relay.Claim) error {
@@ -59,27 +78,16 @@ func TestThreeBatchesInFlight(t *testing.T) {
 			ready()
 			return nil
 		}
-		c.Hooks.AfterProduce = func(context.Context, []relay.Outcome) error {
+		c.Hooks.AfterProduce = func(ctx context.Context, outs []relay.Outcome) error {
 			mu.Lock()
-			defer mu.Unlock()
 			produced++
+			first := produced == 1
 			ready()
-			return nil
-		}
-		c.Hooks.AfterConfirm = func(context.Context, []relay.Claim) error {
-			mu.Lock()
-			confirms++
-			first := confirms == 1
 			mu.Unlock()
-			if !first {
-				return nil
+			if first {
+				return hold(context.WithoutCancel(ctx), outs[0].EventID)
 			}
-			select {
-			case <-third:
-				return nil
-			case <-time.After(15 * time.Second):
-				return errors.New("the first confirm was held too long")
-			}
+			return nil
 		}
 	}))
 	select {
