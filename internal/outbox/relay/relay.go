@@ -385,8 +385,7 @@ func (r *Relay) Run(ctx context.Context) (err error) {
 		if err == nil {
 			again, err = r.drain(ctx, cl)
 		}
-		var he *hookError
-		if errors.As(err, &he) {
+		if isCrash(err) {
 			crashed = true
 			return err
 		}
@@ -453,9 +452,9 @@ func (r *Relay) drain(ctx context.Context, cl *kgo.Client) (again bool, err erro
 		if n < r.cfg.BatchSize || ctx.Err() != nil || r.own.due(time.Now()) {
 			// No backlog, stopping, or the partitions' upkeep is due:
 			// deliver what is in flight and read nothing more. After a
-			// full batch, read again at once.
-			err = errors.Join(err, p.finish(ctx))
-			return !isCrash(err) && (overlapped || n == r.cfg.BatchSize), err
+			// full batch, read again at once (Run heeds that only when
+			// err is nil).
+			return overlapped || n == r.cfg.BatchSize, errors.Join(err, p.finish(ctx))
 		}
 		if err != nil {
 			// The batches behind the one that failed are delivered all
