@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -37,4 +38,63 @@ func TestQueriesKeepTheirOrderOnABacklog(t *testing.T) {
 	t.Log(plan)
 	require.Zero(t, plan.SortedRows(), "sorts the backlog:\n%s", plan)
 	require.LessOrEqual(t, plan.RowsRead("outbox"), int64(1_000), "reads the backlog:\n%s", plan)
+}
+
+// TestReadStartsAtItsFloor: a confirm leaves the index entries of the rows
+// it delivered in outbox_pending_due_idx until the table is vacuumed, and a
+// read from the start of the index steps over every one of them, each
+// time (with autovacuum's default threshold, up to a fifth of the table).
+// The relay's reads start at the floor OutboxReadFloor finds instead: the
+// first pending row. Here 20,000 events were written and the first 19,000
+// delivered by confirms; the read from the floor touches a fraction of the
+// blocks the read from the start does, and returns the same rows.
+func TestReadStartsAtItsFloor(t *testing.T) {
+	t.Parallel()
+	db := newTestDB(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = false)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `
+		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
+		                    created_at, next_attempt_at)
+		SELECT md5('e' || g)::uuid, 'thing', 'a' || g, 1, 'thing.happened', 1, '{}',
+		       now() - interval '1 hour' + g * interval '1 ms', now() - interval '1 hour' + g * interval '1 ms'
+		FROM generate_series(1, 20000) AS g`)
+	require.NoError(t, err)
+	for range 19 {
+		_, err := db.Pool.Exec(ctx, `
+			UPDATE outbox SET state = 'delivered', delivered_at = now()
+			WHERE event_id IN (SELECT event_id FROM outbox WHERE state = 'pending'
+			                   ORDER BY next_attempt_at, created_at, aggregate_version LIMIT 1000)`)
+		require.NoError(t, err)
+	}
+	all := make([]int32, 16)
+	for i := range all {
+		all[i] = int32(i)
+	}
+	floor, err := outboxdb.OutboxReadFloorInIndexOrder(ctx, db.Pool, outboxdb.OutboxReadFloorParams{Partitions: all, LateSeconds: 5})
+	require.NoError(t, err)
+	var first time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT min(next_attempt_at) FROM outbox WHERE state = 'pending'`).Scan(&first))
+	require.True(t, floor.Equal(first), "the floor is the first pending row's due time: %s, want %s", floor, first)
+
+	read := func(floor time.Time) (outboxtest.Plan, []uuid.UUID) {
+		var got []uuid.UUID
+		plan := outboxtest.ExplainGenerated(t, db, outboxdb.ClaimInIndexOrder, func(ctx context.Context, tx pgx.Tx) {
+			rows, err := outboxdb.New(tx).OutboxRead(ctx, outboxdb.OutboxReadParams{Partitions: all, ReadFloor: floor,
+				InFlight: []uuid.UUID{}, IndependentTypes: []string{}, BatchSize: 100})
+			require.NoError(t, err)
+			require.Len(t, rows, 100)
+			for _, r := range rows {
+				got = append(got, r.EventID)
+			}
+		})
+		return plan, got
+	}
+	read(time.Time{}) // the first read past the delivered rows marks their entries dead, as the relay's next read would
+	fromStart, want := read(time.Time{})
+	fromFloor, got := read(floor)
+	t.Logf("blocks touched: %d from the start, %d from the floor", fromStart.Blocks(), fromFloor.Blocks())
+	require.Equal(t, want, got)
+	require.Less(t, 5*fromFloor.Blocks(), fromStart.Blocks(), "the read from the floor steps over the delivered rows:\n%s", fromFloor)
 }

@@ -70,12 +70,18 @@ RETURNING event_id, publish_mode, created_at;
 -- LIMIT. The partitions of other relays are filtered on the way, so a read
 -- walks about as many index entries as the batch times the number of live
 -- relays. Within an aggregate the strict guard, not this order, decides.
+--
+-- read_floor is where the walk starts (OutboxReadFloor, below): no pending
+-- row of these partitions is due earlier. Without it each read would first
+-- step over every row delivered since the table was last vacuumed, whose
+-- entries stay in the index until then.
 SELECT o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
        o.event_type, o.schema_version, o.payload, o.traceparent, o.tracestate, o.created_at,
        o.attempts, o.next_attempt_at, o.publish_mode, o.relay_partition
 FROM outbox o
 WHERE o.state = 'pending'
   AND o.next_attempt_at <= now()
+  AND o.next_attempt_at >= @read_floor::timestamptz
   AND o.relay_partition = ANY (@partitions::integer[])
   AND NOT (o.event_id = ANY (@in_flight::uuid[]))
   AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
@@ -90,6 +96,36 @@ WHERE o.state = 'pending'
              AND e.state <> 'delivered'))
 ORDER BY o.next_attempt_at, o.created_at, o.aggregate_version
 LIMIT @batch_size::integer;
+
+-- name: OutboxReadFloor :one
+-- Where the relay's reads start in outbox_pending_due_idx: the earliest
+-- next_attempt_at of a pending row in the partitions, or late_seconds
+-- ago if that is earlier. A confirm leaves its rows' old entries in the
+-- index until the table is next vacuumed, and autovacuum waits for a
+-- fifth of the table to be dead: an outbox that keeps its delivered rows
+-- for replay may hold millions of them, and a read from the start of the
+-- index would step over each one, every time. The relay runs this once
+-- per upkeep (about a second) and reads from the floor until the next.
+--
+-- A row that becomes pending later is due at or after the floor when it
+-- is a release (now() plus backoff), a repair (clock_timestamp()) or an
+-- insert committed within late_seconds of being written. An insert in a
+-- transaction that stayed open longer after writing it may lie below the
+-- floor: it is read once the next upkeep moves the floor down to it. It is
+-- late by at most one upkeep, never lost, and strict order does not depend
+-- on the floor (the guard looks at the earlier versions themselves).
+--
+-- The walk to the first pending row is the cost the reads no longer pay:
+-- once per upkeep instead of once per batch. It runs in index order like
+-- the read (ClaimInIndexOrder).
+SELECT least(
+           coalesce((SELECT o.next_attempt_at
+                     FROM outbox o
+                     WHERE o.state = 'pending'
+                       AND o.relay_partition = ANY (@partitions::integer[])
+                     ORDER BY o.next_attempt_at, o.created_at, o.aggregate_version
+                     LIMIT 1), 'infinity'),
+           now() - make_interval(secs => @late_seconds::double precision))::timestamptz AS read_floor;
 
 -- name: OutboxConfirm :many
 -- Marks events delivered after the broker acknowledged them (R2), in one

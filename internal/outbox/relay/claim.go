@@ -21,7 +21,7 @@ import (
 // or when its leases might end before a send started now would (R5a).
 func (r *Relay) claim(ctx context.Context, inFlight []leased) ([]leased, error) {
 	start := time.Now()
-	epochs, ok := r.own.snapshot(start.Add(r.cfg.ProduceTimeout))
+	epochs, floor, ok := r.own.snapshot(start.Add(r.cfg.ProduceTimeout))
 	if !ok {
 		return nil, nil
 	}
@@ -37,6 +37,7 @@ func (r *Relay) claim(ctx context.Context, inFlight []leased) ([]leased, error) 
 	defer cancel()
 	rows, err := outboxdb.OutboxReadInIndexOrder(cctx, r.cfg.Pool, outboxdb.OutboxReadParams{
 		Partitions:       parts,
+		ReadFloor:        floor,
 		InFlight:         skip,
 		IndependentTypes: r.types.Independent(),
 		BatchSize:        int32(r.cfg.BatchSize),

@@ -29,6 +29,17 @@ func NewRelayWithHooks(cfg Config, h Hooks) (*Relay, error) {
 	return r, nil
 }
 
+// SetReadFloorLag changes readFloorLag for one relay, before Run.
+func (r *Relay) SetReadFloorLag(d time.Duration) { r.floorLag = d }
+
+// ReadFloor is where the relay's reads start until its next upkeep
+// (OutboxReadFloor); zero before the first.
+func (r *Relay) ReadFloor() time.Time {
+	r.own.mu.Lock()
+	defer r.own.mu.Unlock()
+	return r.own.floor
+}
+
 // ClaimRounds reports how many claims the relay has made, so tests can wait
 // for "the relay has looked again" instead of sleeping.
 func (r *Relay) ClaimRounds() int64 { return r.rounds.Load() }

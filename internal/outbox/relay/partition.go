@@ -25,17 +25,18 @@ type ownership struct {
 	epochs     map[int32]int64
 	validUntil time.Time // reads that cannot end by then are not started
 	nextCheck  time.Time // when to run maintain again
+	floor      time.Time // where reads start (OutboxReadFloor); zero: at the beginning
 }
 
-// snapshot returns the partitions owned and their epochs, in partition
-// order, if the leases hold until at least end.
-func (o *ownership) snapshot(end time.Time) (map[int32]int64, bool) {
+// snapshot returns the partitions owned with their epochs, and the read
+// floor found for them, if the leases hold until at least end.
+func (o *ownership) snapshot(end time.Time) (map[int32]int64, time.Time, bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if len(o.epochs) == 0 || end.After(o.validUntil) {
-		return nil, false
+		return nil, time.Time{}, false
 	}
-	return o.epochs, true
+	return o.epochs, o.floor, true
 }
 
 // due reports whether maintain should run before the next read.
@@ -46,10 +47,10 @@ func (o *ownership) due(now time.Time) bool {
 }
 
 // set records the result of a maintain that began at began.
-func (o *ownership) set(epochs map[int32]int64, validUntil, nextCheck time.Time) {
+func (o *ownership) set(epochs map[int32]int64, validUntil, nextCheck, floor time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.epochs, o.validUntil, o.nextCheck = epochs, validUntil, nextCheck
+	o.epochs, o.validUntil, o.nextCheck, o.floor = epochs, validUntil, nextCheck, floor
 }
 
 // distrust stops reads until the next maintain, which is due at once:
@@ -142,13 +143,39 @@ func (r *Relay) maintain(ctx context.Context) error {
 		r.own.distrust()
 		return fmt.Errorf("maintain relay partitions: %w", err)
 	}
-	r.own.set(owned, began.Add(r.cfg.Lease), began.Add(r.maintainEvery()))
+	r.own.set(owned, began.Add(r.cfg.Lease), began.Add(r.maintainEvery()), r.readFloor(ctx, owned))
 	r.metrics.partitions.Set(float64(len(owned)))
 	if len(took) > 0 || len(gave) > 0 || len(owned) != len(before) {
 		r.log.InfoContext(ctx, "outbox relay partitions changed",
 			"owned", slices.Sorted(maps.Keys(owned)), "taken", took, "given_back", gave)
 	}
 	return nil
+}
+
+// readFloorLag is how long an insert may stay uncommitted after it was
+// written and still be read as soon as it commits, not one upkeep later
+// (OutboxReadFloor). Reads step over the rows delivered in this window:
+// a few seconds' worth, whatever the table's size.
+const readFloorLag = 5 * time.Second
+
+// readFloor finds where the reads of the partitions owned start until the
+// next upkeep (OutboxReadFloor), after the upkeep's transaction committed,
+// so that it covers partitions just taken. If it cannot, reads start at
+// the beginning of the index: slower, never wrong.
+func (r *Relay) readFloor(ctx context.Context, owned map[int32]int64) time.Time {
+	if len(owned) == 0 {
+		return time.Time{}
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
+	floor, err := outboxdb.OutboxReadFloorInIndexOrder(fctx, r.cfg.Pool, outboxdb.OutboxReadFloorParams{
+		Partitions: slices.Sorted(maps.Keys(owned)), LateSeconds: r.floorLag.Seconds(),
+	})
+	if err != nil {
+		r.log.WarnContext(fctx, "outbox relay: find where reads start; reading from the beginning until the next upkeep", "error", err)
+		return time.Time{}
+	}
+	return floor
 }
 
 // giveBackAll hands every partition back and leaves the live set, once
@@ -165,7 +192,7 @@ func (r *Relay) giveBackAll(ctx context.Context) {
 		}
 		return q.RelayStop(sctx, r.cfg.Owner)
 	})
-	r.own.set(nil, time.Time{}, time.Time{})
+	r.own.set(nil, time.Time{}, time.Time{}, time.Time{})
 	r.metrics.partitions.Set(0)
 	if err != nil {
 		r.log.WarnContext(sctx, "give back partitions on stop; they pass to other relays when their leases expire",

@@ -179,6 +179,8 @@ type Relay struct {
 	tracer     trace.Tracer
 	hooks      hooks // crash points; set only by the package's tests
 	own        ownership
+	// floorLag is readFloorLag, changed only by the package's tests.
+	floorLag time.Duration
 
 	nudge   chan struct{}
 	started atomic.Bool
@@ -261,6 +263,7 @@ func NewRelay(cfg Config) (*Relay, error) {
 		log:        log.With("component", "outbox_relay", "lease_owner", cfg.Owner),
 		tracer:     cfg.TracerProvider.Tracer(scopeName),
 		nudge:      make(chan struct{}, 1),
+		floorLag:   readFloorLag,
 	}
 	r.metrics.initTypes(cfg.Types)
 	cs := append(r.metrics.collectors(), NewStatsCollector(cfg.Pool, cfg.Types, log))

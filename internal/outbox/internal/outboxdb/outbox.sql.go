@@ -229,10 +229,11 @@ SELECT o.event_id, o.aggregate_type, o.aggregate_id, o.aggregate_version,
 FROM outbox o
 WHERE o.state = 'pending'
   AND o.next_attempt_at <= now()
-  AND o.relay_partition = ANY ($1::integer[])
-  AND NOT (o.event_id = ANY ($2::uuid[]))
+  AND o.next_attempt_at >= $1::timestamptz
+  AND o.relay_partition = ANY ($2::integer[])
+  AND NOT (o.event_id = ANY ($3::uuid[]))
   AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= now())
-  AND (o.event_type = ANY ($3::text[])
+  AND (o.event_type = ANY ($4::text[])
        OR o.aggregate_version = 1
        OR NOT EXISTS (
            SELECT 1
@@ -242,10 +243,11 @@ WHERE o.state = 'pending'
              AND e.aggregate_version < o.aggregate_version
              AND e.state <> 'delivered'))
 ORDER BY o.next_attempt_at, o.created_at, o.aggregate_version
-LIMIT $4::integer
+LIMIT $5::integer
 `
 
 type OutboxReadParams struct {
+	ReadFloor        time.Time
 	Partitions       []int32
 	InFlight         []uuid.UUID
 	IndependentTypes []string
@@ -300,8 +302,14 @@ type OutboxReadRow struct {
 // LIMIT. The partitions of other relays are filtered on the way, so a read
 // walks about as many index entries as the batch times the number of live
 // relays. Within an aggregate the strict guard, not this order, decides.
+//
+// read_floor is where the walk starts (OutboxReadFloor, below): no pending
+// row of these partitions is due earlier. Without it each read would first
+// step over every row delivered since the table was last vacuumed, whose
+// entries stay in the index until then.
 func (q *Queries) OutboxRead(ctx context.Context, arg OutboxReadParams) ([]OutboxReadRow, error) {
 	rows, err := q.db.Query(ctx, outboxRead,
+		arg.ReadFloor,
 		arg.Partitions,
 		arg.InFlight,
 		arg.IndependentTypes,
@@ -338,6 +346,49 @@ func (q *Queries) OutboxRead(ctx context.Context, arg OutboxReadParams) ([]Outbo
 		return nil, err
 	}
 	return items, nil
+}
+
+const outboxReadFloor = `-- name: OutboxReadFloor :one
+SELECT least(
+           coalesce((SELECT o.next_attempt_at
+                     FROM outbox o
+                     WHERE o.state = 'pending'
+                       AND o.relay_partition = ANY ($1::integer[])
+                     ORDER BY o.next_attempt_at, o.created_at, o.aggregate_version
+                     LIMIT 1), 'infinity'),
+           now() - make_interval(secs => $2::double precision))::timestamptz AS read_floor
+`
+
+type OutboxReadFloorParams struct {
+	Partitions  []int32
+	LateSeconds float64
+}
+
+// Where the relay's reads start in outbox_pending_due_idx: the earliest
+// next_attempt_at of a pending row in the partitions, or late_seconds
+// ago if that is earlier. A confirm leaves its rows' old entries in the
+// index until the table is next vacuumed, and autovacuum waits for a
+// fifth of the table to be dead: an outbox that keeps its delivered rows
+// for replay may hold millions of them, and a read from the start of the
+// index would step over each one, every time. The relay runs this once
+// per upkeep (about a second) and reads from the floor until the next.
+//
+// A row that becomes pending later is due at or after the floor when it
+// is a release (now() plus backoff), a repair (clock_timestamp()) or an
+// insert committed within late_seconds of being written. An insert in a
+// transaction that stayed open longer after writing it may lie below the
+// floor: it is read once the next upkeep moves the floor down to it. It is
+// late by at most one upkeep, never lost, and strict order does not depend
+// on the floor (the guard looks at the earlier versions themselves).
+//
+// The walk to the first pending row is the cost the reads no longer pay:
+// once per upkeep instead of once per batch. It runs in index order like
+// the read (ClaimInIndexOrder).
+func (q *Queries) OutboxReadFloor(ctx context.Context, arg OutboxReadFloorParams) (time.Time, error) {
+	row := q.db.QueryRow(ctx, outboxReadFloor, arg.Partitions, arg.LateSeconds)
+	var read_floor time.Time
+	err := row.Scan(&read_floor)
+	return read_floor, err
 }
 
 const outboxRelease = `-- name: OutboxRelease :many

@@ -2,6 +2,7 @@ package outboxdb
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -30,6 +31,12 @@ const RelaxedCommit = "SELECT set_config('synchronous_commit', 'off', true)"
 // round trip.
 func OutboxReadInIndexOrder(ctx context.Context, db Batcher, arg OutboxReadParams) ([]OutboxReadRow, error) {
 	return New(Prefixed{DB: db, Setting: ClaimInIndexOrder}).OutboxRead(ctx, arg)
+}
+
+// OutboxReadFloorInIndexOrder runs OutboxReadFloor after
+// ClaimInIndexOrder, in one round trip.
+func OutboxReadFloorInIndexOrder(ctx context.Context, db Batcher, arg OutboxReadFloorParams) (time.Time, error) {
+	return New(Prefixed{DB: db, Setting: ClaimInIndexOrder}).OutboxReadFloor(ctx, arg)
 }
 
 // OutboxConfirmRelaxed runs OutboxConfirm after RelaxedCommit, in one

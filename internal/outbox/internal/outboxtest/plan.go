@@ -93,7 +93,7 @@ func ExplainGenerated(t testing.TB, db *DB, settings string, fn func(ctx context
 		require.NoError(t, err)
 	}
 	var raw []byte
-	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q.sql, q.args...).Scan(&raw))
+	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+q.sql, q.args...).Scan(&raw))
 	var doc []struct {
 		Plan planNode `json:"Plan"`
 	}
@@ -143,6 +143,8 @@ type planNode struct {
 	ActualRows      int64      `json:"Actual Rows"`
 	Loops           int64      `json:"Actual Loops"`
 	RemovedByFilter int64      `json:"Rows Removed by Filter"`
+	SharedHit       int64      `json:"Shared Hit Blocks"`
+	SharedRead      int64      `json:"Shared Read Blocks"`
 	Plans           []planNode `json:"Plans"`
 }
 
@@ -170,6 +172,10 @@ func (p Plan) RowsRead(tables ...string) int64 {
 	})
 	return sum
 }
+
+// Blocks is how many table and index blocks the statement touched, in
+// the buffer cache or read into it, its subplans included.
+func (p Plan) Blocks() int64 { return p.root.SharedHit + p.root.SharedRead }
 
 // SortedRows is the most rows any Sort or Incremental Sort node took in.
 func (p Plan) SortedRows() int64 {

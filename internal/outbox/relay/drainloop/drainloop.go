@@ -13,6 +13,7 @@ package drainloop
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -47,10 +48,23 @@ func Drain(ctx context.Context, db outboxdb.DBTX, batch int) (n int, err error) 
 			err = fmt.Errorf("give back partitions: %w", gerr)
 		}
 	}()
-	var offset int64
+	var (
+		offset    int64
+		floor     time.Time
+		nextFloor time.Time
+	)
 	for {
+		if now := time.Now(); !now.Before(nextFloor) {
+			// Where reads start, found again about once a second, as the
+			// relay does at each upkeep.
+			floor, err = q.OutboxReadFloor(ctx, outboxdb.OutboxReadFloorParams{Partitions: fence.FencePartitions, LateSeconds: 5})
+			if err != nil {
+				return n, fmt.Errorf("read floor: %w", err)
+			}
+			nextFloor = now.Add(time.Second)
+		}
 		rows, err := q.OutboxRead(ctx, outboxdb.OutboxReadParams{
-			Partitions: fence.FencePartitions, InFlight: []uuid.UUID{}, IndependentTypes: []string{}, BatchSize: int32(batch),
+			Partitions: fence.FencePartitions, ReadFloor: floor, InFlight: []uuid.UUID{}, IndependentTypes: []string{}, BatchSize: int32(batch),
 		})
 		if err != nil {
 			return n, fmt.Errorf("read: %w", err)
