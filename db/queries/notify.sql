@@ -168,6 +168,13 @@ RETURNING operation_key, event_id, order_id, event_type, event_time;
 -- from before a backlog, the indexes alone do not stop the planner from
 -- preferring a sort. The candidate not chosen stays locked only until this
 -- statement commits.
+--
+-- pending_floor is where the pending branch starts in its index
+-- (EmailSendPendingFloor, below): a claim leaves its row's old entry in
+-- email_send_pending_due_idx until the ledger is next vacuumed, and the
+-- ledger keeps its sent rows for the retention, so a walk from the start
+-- of the index would step over every email claimed since the last vacuum,
+-- on every claim.
 UPDATE email_send
 SET state = 'sending', claim_token = @claim_token::uuid, claimed_by = @claimed_by::text,
     sending_since = clock_timestamp(), attempts = attempts + 1
@@ -177,6 +184,7 @@ WHERE operation_key = (
     -- directly in a UNION's branches.
     FROM (SELECT * FROM (SELECT e.operation_key, e.next_attempt_at FROM email_send e
                          WHERE e.state = 'pending' AND e.next_attempt_at <= now()
+                           AND e.next_attempt_at >= @pending_floor::timestamptz
                            AND get_byte(uuid_send(e.order_id), 15) % @workers::integer = @worker::integer
                          ORDER BY e.next_attempt_at, e.operation_key
                          LIMIT 1
@@ -193,6 +201,26 @@ WHERE operation_key = (
     LIMIT 1
 )
 RETURNING *;
+
+-- name: EmailSendPendingFloor :one
+-- Where the claims' pending branch starts (EmailSendClaimOne): the
+-- earliest next_attempt_at of a pending row, or late_seconds ago if that is
+-- earlier. The sender finds it again about once a second; each search is
+-- the one walk over the entries of rows claimed since the last vacuum.
+-- A row that becomes pending later is at or above it when it is a retry
+-- (clock_timestamp() plus backoff), an operator's resend
+-- (clock_timestamp()) or an email written by a transaction that committed
+-- within late_seconds of writing it; a row written by a transaction that
+-- stayed open longer, or given back by a stopping sender, waits for the
+-- next search, which moves the floor down to it. Run in index order like
+-- the claim (indexOrder).
+SELECT least(
+           coalesce((SELECT e.next_attempt_at
+                     FROM email_send e
+                     WHERE e.state = 'pending'
+                     ORDER BY e.next_attempt_at, e.operation_key
+                     LIMIT 1), 'infinity'),
+           now() - make_interval(secs => @late_seconds::double precision))::timestamptz AS pending_floor;
 
 -- name: EmailSendMarkSent :execrows
 -- Fenced by the claim token. 'unknown' is accepted too: if the stuck-send

@@ -90,7 +90,21 @@ type Sender struct {
 	// wake holds one channel per worker, for Run: a worker drains its
 	// share each time it receives from its own.
 	wake []chan struct{}
+	// floor is where the claims' pending branch starts
+	// (EmailSendPendingFloor); nil or zero: at the beginning of the index.
+	floor atomic.Pointer[time.Time]
+	// floorLag is pendingFloorLag, changed only by the package's tests.
+	floorLag time.Duration
 }
+
+// pendingFloorLag is how long an email may stay uncommitted after it was
+// written and still be claimed as soon as it commits, not one floor search
+// later (EmailSendPendingFloor). Claims step over the rows claimed in this
+// window: a few seconds' worth, whatever the ledger's size.
+const pendingFloorLag = 5 * time.Second
+
+// pendingFloorEvery is how often the sender looks for the claims' floor.
+const pendingFloorEvery = time.Second
 
 // NewSender returns a Sender.
 func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, log *slog.Logger) *Sender {
@@ -123,7 +137,7 @@ func NewSender(pool *pgxpool.Pool, mailer Mailer, cfg SenderConfig, m *Metrics, 
 		wake[w] = make(chan struct{}, 1)
 	}
 	return &Sender{pool: pool, mailer: mailer, cfg: cfg, metrics: m, log: log, tracer: tracerOf(cfg.TracerProvider),
-		nudge: make(chan struct{}, 1), wake: wake}
+		nudge: make(chan struct{}, 1), wake: wake, floorLag: pendingFloorLag}
 }
 
 // Nudge wakes every worker after new ledger rows committed, so an email
@@ -172,6 +186,10 @@ func (s *Sender) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { s.sweepLoop(ctx) })
+	wg.Go(func() {
+		s.findFloor(ctx)
+		s.floorLoop(ctx)
+	})
 	for worker, wake := range s.wake {
 		wg.Go(func() { s.work(ctx, worker, wake) })
 	}
@@ -238,6 +256,44 @@ func (s *Sender) sweepLoop(ctx context.Context) {
 	}
 }
 
+// floorLoop waits pendingFloorEvery, finds the claims' floor, and repeats
+// until ctx ends.
+func (s *Sender) floorLoop(ctx context.Context) {
+	t := time.NewTicker(pendingFloorEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.findFloor(ctx)
+	}
+}
+
+// findFloor sets where the claims' pending branch starts
+// (EmailSendPendingFloor). If it cannot, claims start at the beginning of
+// the index until the next search: slower, never wrong.
+func (s *Sender) findFloor(ctx context.Context) {
+	floor, err := notifydb.New(indexOrder{db: s.pool}).EmailSendPendingFloor(ctx, s.floorLag.Seconds())
+	if err != nil {
+		floor = time.Time{}
+		if ctx.Err() == nil {
+			s.log.WarnContext(ctx, "email sender: find where claims start; claiming from the beginning until the next search",
+				slog.String("error", err.Error()))
+		}
+	}
+	s.floor.Store(&floor)
+}
+
+// pendingFloor is the floor the claims use now.
+func (s *Sender) pendingFloor() time.Time {
+	if f := s.floor.Load(); f != nil {
+		return *f
+	}
+	return time.Time{}
+}
+
 // RunOnce does one pass over the ledger: it turns abandoned sends into
 // unknown (as Run's timer also does while the pass lasts), skips emails
 // that became stale before they could be sent, then sends due rows one
@@ -250,6 +306,14 @@ func (s *Sender) RunOnce(ctx context.Context) (int, error) {
 	if err := s.skipStale(ctx); err != nil {
 		return 0, err
 	}
+	// The claims' floor, found now and again every second while the pass
+	// lasts, as Run does.
+	s.findFloor(ctx)
+	fctx, stopFloor := context.WithCancel(ctx)
+	var floorDone sync.WaitGroup
+	floorDone.Go(func() { s.floorLoop(fctx) })
+	defer floorDone.Wait()
+	defer stopFloor()
 	// Workers claim and send until none finds a due row; the first error
 	// ends this pass for all of them.
 	var (
@@ -320,7 +384,7 @@ func (s *Sender) sendNext(ctx context.Context, worker int, done *outcome) (bool,
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	row, found, err := s.claim(cctx, notifydb.EmailSendClaimOneParams{
-		ClaimToken: token, ClaimedBy: s.cfg.Owner, ResendUnknown: s.cfg.Policy == PolicyResend,
+		ClaimToken: token, ClaimedBy: s.cfg.Owner, ResendUnknown: s.cfg.Policy == PolicyResend, PendingFloor: s.pendingFloor(),
 		MaxAttempts: int32(s.cfg.MaxAttempts), Workers: int32(s.cfg.Workers), Worker: int32(worker),
 	}, done)
 	if err != nil {

@@ -141,6 +141,8 @@ type PlanNode struct {
 	ActualRows      int64      `json:"Actual Rows"`
 	Loops           int64      `json:"Actual Loops"`
 	RemovedByFilter int64      `json:"Rows Removed by Filter"`
+	SharedHit       int64      `json:"Shared Hit Blocks"`
+	SharedRead      int64      `json:"Shared Read Blocks"`
 	Plans           []PlanNode `json:"Plans"`
 }
 
@@ -148,7 +150,7 @@ type PlanNode struct {
 func (n PlanNode) rows() int64 { return n.ActualRows * max(n.Loops, 1) }
 
 // Explain runs every statement but the last as it is, then the last under
-// EXPLAIN (ANALYZE, FORMAT JSON), all in one transaction that is rolled
+// EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON), all in one transaction that is rolled
 // back, and returns the last one's plan with what each node did. Settings
 // the earlier statements made for their transaction (set_config(..., true))
 // thus apply as they did when the statements ran (Capture), and a claim or
@@ -171,7 +173,7 @@ func Explain(t testing.TB, pool *pgxpool.Pool, statements ...Query) Plan {
 		}
 	}
 	var raw []byte
-	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q.SQL, q.Args...).Scan(&raw); err != nil {
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+q.SQL, q.Args...).Scan(&raw); err != nil {
 		t.Fatalf("pgtest: explain %s: %v", firstLine(q.SQL), err)
 	}
 	var doc []struct {
@@ -182,6 +184,10 @@ func Explain(t testing.TB, pool *pgxpool.Pool, statements ...Query) Plan {
 	}
 	return Plan{SQL: firstLine(q.SQL), Root: doc[0].Plan}
 }
+
+// Blocks is how many table and index blocks the statement touched, in the
+// buffer cache or read into it, its subplans included.
+func (p Plan) Blocks() int64 { return p.Root.SharedHit + p.Root.SharedRead }
 
 // RowsRead adds up the rows that the plan's scans of the named tables
 // touched: those they returned and those their filters threw away, over

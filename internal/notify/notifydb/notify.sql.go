@@ -127,15 +127,16 @@ WHERE operation_key = (
     -- directly in a UNION's branches.
     FROM (SELECT operation_key, next_attempt_at FROM (SELECT e.operation_key, e.next_attempt_at FROM email_send e
                          WHERE e.state = 'pending' AND e.next_attempt_at <= now()
-                           AND get_byte(uuid_send(e.order_id), 15) % $3::integer = $4::integer
+                           AND e.next_attempt_at >= $3::timestamptz
+                           AND get_byte(uuid_send(e.order_id), 15) % $4::integer = $5::integer
                          ORDER BY e.next_attempt_at, e.operation_key
                          LIMIT 1
                          FOR UPDATE SKIP LOCKED) p
           UNION ALL
           SELECT operation_key, next_attempt_at FROM (SELECT e.operation_key, e.next_attempt_at FROM email_send e
-                         WHERE e.state = 'unknown' AND $5::boolean AND e.attempts < $6::integer
+                         WHERE e.state = 'unknown' AND $6::boolean AND e.attempts < $7::integer
                            AND e.next_attempt_at <= now()
-                           AND get_byte(uuid_send(e.order_id), 15) % $3::integer = $4::integer
+                           AND get_byte(uuid_send(e.order_id), 15) % $4::integer = $5::integer
                          ORDER BY e.next_attempt_at, e.operation_key
                          LIMIT 1
                          FOR UPDATE SKIP LOCKED) u) c
@@ -148,6 +149,7 @@ RETURNING operation_key, event_id, message_id, order_id, event_type, recipient, 
 type EmailSendClaimOneParams struct {
 	ClaimToken    uuid.UUID
 	ClaimedBy     string
+	PendingFloor  time.Time
 	Workers       int32
 	Worker        int32
 	ResendUnknown bool
@@ -178,10 +180,18 @@ type EmailSendClaimOneParams struct {
 // from before a backlog, the indexes alone do not stop the planner from
 // preferring a sort. The candidate not chosen stays locked only until this
 // statement commits.
+//
+// pending_floor is where the pending branch starts in its index
+// (EmailSendPendingFloor, below): a claim leaves its row's old entry in
+// email_send_pending_due_idx until the ledger is next vacuumed, and the
+// ledger keeps its sent rows for the retention, so a walk from the start
+// of the index would step over every email claimed since the last vacuum,
+// on every claim.
 func (q *Queries) EmailSendClaimOne(ctx context.Context, arg EmailSendClaimOneParams) (EmailSend, error) {
 	row := q.db.QueryRow(ctx, emailSendClaimOne,
 		arg.ClaimToken,
 		arg.ClaimedBy,
+		arg.PendingFloor,
 		arg.Workers,
 		arg.Worker,
 		arg.ResendUnknown,
@@ -846,6 +856,34 @@ func (q *Queries) EmailSendMarkUnknown(ctx context.Context, arg EmailSendMarkUnk
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const emailSendPendingFloor = `-- name: EmailSendPendingFloor :one
+SELECT least(
+           coalesce((SELECT e.next_attempt_at
+                     FROM email_send e
+                     WHERE e.state = 'pending'
+                     ORDER BY e.next_attempt_at, e.operation_key
+                     LIMIT 1), 'infinity'),
+           now() - make_interval(secs => $1::double precision))::timestamptz AS pending_floor
+`
+
+// Where the claims' pending branch starts (EmailSendClaimOne): the
+// earliest next_attempt_at of a pending row, or late_seconds ago if that is
+// earlier. The sender finds it again about once a second; each search is
+// the one walk over the entries of rows claimed since the last vacuum.
+// A row that becomes pending later is at or above it when it is a retry
+// (clock_timestamp() plus backoff), an operator's resend
+// (clock_timestamp()) or an email written by a transaction that committed
+// within late_seconds of writing it; a row written by a transaction that
+// stayed open longer, or given back by a stopping sender, waits for the
+// next search, which moves the floor down to it. Run in index order like
+// the claim (indexOrder).
+func (q *Queries) EmailSendPendingFloor(ctx context.Context, lateSeconds float64) (time.Time, error) {
+	row := q.db.QueryRow(ctx, emailSendPendingFloor, lateSeconds)
+	var pending_floor time.Time
+	err := row.Scan(&pending_floor)
+	return pending_floor, err
 }
 
 const emailSendRelease = `-- name: EmailSendRelease :execrows
