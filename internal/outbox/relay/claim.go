@@ -32,6 +32,14 @@ func (r *Relay) claim(ctx context.Context, inFlight []leased) ([]leased, error) 
 	skip := make([]uuid.UUID, len(inFlight))
 	for i := range inFlight {
 		skip[i] = inFlight[i].EventID
+		// Beside deliveries (a backlog), the read starts at the latest row
+		// in flight rather than at the upkeep's floor. What it passes over
+		// is in flight, or versions that rows in flight hold back (the
+		// strict guard would skip them anyway), or rows that became due
+		// there since: all pending, so the next upkeep's floor, within
+		// about a second, is at or below them, and the drain that follows
+		// it, with nothing in flight, reads from there.
+		floor = later(floor, inFlight[i].NextAttemptAt)
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
@@ -46,6 +54,13 @@ func (r *Relay) claim(ctx context.Context, inFlight []leased) ([]leased, error) 
 		return nil, fmt.Errorf("read outbox batch: %w", err)
 	}
 	return readBatch(rows, epochs), nil
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // readBatch turns the rows a read returned, in read order, into the batch
