@@ -424,9 +424,10 @@ type leased struct {
 // are in flight, one per stage. Strict order holds without any further
 // care: a read skips the rows in flight, and sees them as pending, hence
 // undelivered, so the strict guard keeps the later versions of their
-// aggregates out of it. Those versions wait for a read made after the
-// confirm, which is why a read that ran beside a delivery asks to be
-// followed at once by another.
+// aggregates out of it. Such a read starts at the latest row in flight
+// (claim), so those versions wait for a read from the floor: the first
+// drain after the next upkeep, or the one that follows this drain at once,
+// since a read that ran beside a delivery asks for another.
 //
 // A batch keeps the produce deadline of its own read (R5a), so the time it
 // waits for the batch ahead of it comes out of its sending time: a broker
