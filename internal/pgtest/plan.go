@@ -185,9 +185,18 @@ func Explain(t testing.TB, pool *pgxpool.Pool, statements ...Query) Plan {
 	return Plan{SQL: firstLine(q.SQL), Root: doc[0].Plan}
 }
 
-// Blocks is how many table and index blocks the statement touched, in the
-// buffer cache or read into it, its subplans included.
-func (p Plan) Blocks() int64 { return p.Root.SharedHit + p.Root.SharedRead }
+// IndexBlocks is how many blocks the plan's scans of the named index
+// touched, in the buffer cache or read into it: the index's own pages and
+// the table's pages they fetched rows from.
+func (p Plan) IndexBlocks(index string) int64 {
+	var sum int64
+	p.walk(func(n PlanNode, _ int) {
+		if n.Index == index {
+			sum += n.SharedHit + n.SharedRead
+		}
+	})
+	return sum
+}
 
 // RowsRead adds up the rows that the plan's scans of the named tables
 // touched: those they returned and those their filters threw away, over

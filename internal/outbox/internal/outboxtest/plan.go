@@ -173,9 +173,18 @@ func (p Plan) RowsRead(tables ...string) int64 {
 	return sum
 }
 
-// Blocks is how many table and index blocks the statement touched, in
-// the buffer cache or read into it, its subplans included.
-func (p Plan) Blocks() int64 { return p.root.SharedHit + p.root.SharedRead }
+// IndexBlocks is how many blocks the plan's scans of the named index
+// touched, in the buffer cache or read into it: the index's own pages and
+// the table's pages they fetched rows from.
+func (p Plan) IndexBlocks(index string) int64 {
+	var sum int64
+	p.walk(func(n planNode, _ int) {
+		if n.Index == index {
+			sum += n.SharedHit + n.SharedRead
+		}
+	})
+	return sum
+}
 
 // SortedRows is the most rows any Sort or Incremental Sort node took in.
 func (p Plan) SortedRows() int64 {
