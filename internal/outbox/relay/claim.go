@@ -56,6 +56,7 @@ func (r *Relay) claim(ctx context.Context, inFlight []leased) ([]leased, error) 
 	return readBatch(rows, epochs), nil
 }
 
+// later returns the later of a and b.
 func later(a, b time.Time) time.Time {
 	if b.After(a) {
 		return b
