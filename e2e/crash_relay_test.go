@@ -194,13 +194,17 @@ func TestStalledRelayIsFenced(t *testing.T) {
 		for k, v := range env {
 			e[k] = v
 		}
+		// Twice the other tests' lease: each send has half of it, and A's
+		// first batch must reach the broker even on a loaded machine under
+		// the race detector, or there is nothing for the fence to refuse.
+		e["RELAY_LEASE"] = "6s"
 		return e
 	}
 	a := start(t, "orders", stalling(), "relay")
 	require.Eventually(t, func() bool { return strings.Contains(a.out.String(), "relay/after-produce reached: SIGSTOP") },
 		30*time.Second, 20*time.Millisecond, "A sent its batch and froze")
 	first := leasedRows(t, c)
-	require.NotEmpty(t, first)
+	require.NotEmpty(t, first, "A's batch is on the topic, unconfirmed")
 
 	b := start(t, "orders", stalling(), "relay") // takes the partitions once A's leases have expired
 	require.Eventually(t, func() bool { return strings.Contains(b.out.String(), "relay/after-produce reached: SIGSTOP") },
