@@ -1,7 +1,9 @@
 package notify
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"testing"
@@ -112,4 +114,50 @@ func TestLateCommitBelowTheClaimFloor(t *testing.T) {
 
 	require.Eventually(t, func() bool { return len(srv.Accepted()) == 1 }, 10*time.Second, 20*time.Millisecond, "the late email is sent")
 	require.Equal(t, "<"+id.String()+">", srv.Accepted()[0].MessageID)
+}
+
+// TestFloorSearchLogsAnOutageOnce: while the floor search fails (here the
+// ledger is renamed away, as good as a database that refuses it), it warns
+// once, not once a second, and says when it succeeds again; the next
+// failure is a new outage and warns again.
+func TestFloorSearchLogsAnOutageOnce(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, schema.Notifier()...)
+	ctx := context.Background()
+	m, err := NewMetrics(prometheus.NewRegistry())
+	require.NoError(t, err)
+	var logs bytes.Buffer
+	s := NewSender(db.Pool, nil, SenderConfig{From: "orders@shop.test"}, m, slog.New(slog.NewJSONHandler(&logs, nil)))
+	rename := func(from, to string) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, "ALTER TABLE "+from+" RENAME TO "+to)
+		require.NoError(t, err)
+	}
+	levels := func() []string {
+		var out []string
+		for _, line := range bytes.Split(bytes.TrimSpace(logs.Bytes()), []byte("\n")) {
+			var rec struct{ Level, Msg string }
+			require.NoError(t, json.Unmarshal(line, &rec))
+			out = append(out, rec.Level)
+		}
+		logs.Reset()
+		return out
+	}
+
+	rename("email_send", "email_send_away")
+	for range 3 {
+		s.findFloor(ctx)
+		require.True(t, s.pendingFloor().IsZero(), "a failed search claims from the beginning")
+	}
+	require.Equal(t, []string{"WARN"}, levels(), "three failed searches, one warning")
+
+	rename("email_send_away", "email_send")
+	s.findFloor(ctx)
+	s.findFloor(ctx)
+	require.Equal(t, []string{"INFO"}, levels(), "the first success after the outage says so, once")
+	require.False(t, s.pendingFloor().IsZero())
+
+	rename("email_send", "email_send_away")
+	s.findFloor(ctx)
+	require.Equal(t, []string{"WARN"}, levels(), "a new outage warns again")
 }

@@ -95,6 +95,9 @@ type Sender struct {
 	floor atomic.Pointer[time.Time]
 	// floorLag is pendingFloorLag, changed only by the package's tests.
 	floorLag time.Duration
+	// floorFailing is set while floor searches fail, so that an outage is
+	// logged once rather than once a second.
+	floorFailing atomic.Bool
 }
 
 // pendingFloorLag is how long an email may stay uncommitted after it was
@@ -273,15 +276,21 @@ func (s *Sender) floorLoop(ctx context.Context) {
 
 // findFloor sets where the claims' pending branch starts
 // (EmailSendPendingFloor). If it cannot, claims start at the beginning of
-// the index until the next search: slower, never wrong.
+// the index until the next search: slower, never wrong. The first failure
+// of a run of them is logged, and the first success after it: while the
+// database is away the search fails every second, and the claims report
+// the outage themselves.
 func (s *Sender) findFloor(ctx context.Context) {
 	floor, err := notifydb.New(indexOrder{db: s.pool}).EmailSendPendingFloor(ctx, s.floorLag.Seconds())
-	if err != nil {
+	switch {
+	case err != nil:
 		floor = time.Time{}
-		if ctx.Err() == nil {
-			s.log.WarnContext(ctx, "email sender: find where claims start; claiming from the beginning until the next search",
+		if ctx.Err() == nil && !s.floorFailing.Swap(true) {
+			s.log.WarnContext(ctx, "email sender: cannot find where claims start; claiming from the beginning of the index until a search succeeds",
 				slog.String("error", err.Error()))
 		}
+	case s.floorFailing.Swap(false):
+		s.log.InfoContext(ctx, "email sender: found where claims start again")
 	}
 	s.floor.Store(&floor)
 }
