@@ -16,6 +16,7 @@
 package cloudevents
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -93,27 +94,73 @@ type Event struct {
 	Data []byte
 }
 
-// Record builds the Kafka record of e for topic.
+// Record builds the Kafka record of e for topic. The key and the header
+// values share one buffer: a relay builds thousands of records a second,
+// and a dozen small allocations each would keep the collector busy.
 func Record(topic string, e Event) *kgo.Record {
+	// Enough for every value, so that the buffer is allocated once; were
+	// it short, append would move on to a larger one and the values
+	// already taken would keep the old one, still correct.
+	size := len(SpecVersion) + MaxIDBytes + len(e.Type) + len(e.Source) + 2*len(e.AggregateID) +
+		len(time.RFC3339Nano) + 6 + len(contentType) + len(e.AggregateType) + 2*20 +
+		len(e.Traceparent) + len(e.Tracestate)
+	buf := make([]byte, 0, size)
 	h := make([]kgo.RecordHeader, 0, 12)
-	add := func(k, v string) { h = append(h, kgo.RecordHeader{Key: k, Value: []byte(v)}) }
-	add(HeaderSpecVersion, SpecVersion)
-	add(HeaderID, e.ID.String())
-	add(HeaderType, e.Type)
-	add(HeaderSource, e.Source)
-	add(HeaderSubject, e.AggregateID)
-	add(HeaderTime, e.Time.UTC().Format(time.RFC3339Nano))
-	add(HeaderContentType, "application/json")
-	add(HeaderAggregateType, e.AggregateType)
-	add(HeaderAggregateVersion, strconv.FormatInt(e.AggregateVersion, 10))
-	add(HeaderSchemaVersion, strconv.Itoa(e.SchemaVersion))
+	start := 0
+	// value cuts what was appended to buf since the last cut; its capacity
+	// ends there, so nothing appended later can write into it.
+	value := func() []byte {
+		v := buf[start:len(buf):len(buf)]
+		start = len(buf)
+		return v
+	}
+	header := func(k string) { h = append(h, kgo.RecordHeader{Key: k, Value: value()}) }
+
+	buf = append(buf, SpecVersion...)
+	header(HeaderSpecVersion)
+	buf = appendUUID(buf, e.ID)
+	header(HeaderID)
+	buf = append(buf, e.Type...)
+	header(HeaderType)
+	buf = append(buf, e.Source...)
+	header(HeaderSource)
+	buf = append(buf, e.AggregateID...)
+	header(HeaderSubject)
+	buf = e.Time.UTC().AppendFormat(buf, time.RFC3339Nano)
+	header(HeaderTime)
+	buf = append(buf, contentType...)
+	header(HeaderContentType)
+	buf = append(buf, e.AggregateType...)
+	header(HeaderAggregateType)
+	buf = strconv.AppendInt(buf, e.AggregateVersion, 10)
+	header(HeaderAggregateVersion)
+	buf = strconv.AppendInt(buf, int64(e.SchemaVersion), 10)
+	header(HeaderSchemaVersion)
 	if e.Traceparent != "" {
-		add(HeaderTraceparent, e.Traceparent)
+		buf = append(buf, e.Traceparent...)
+		header(HeaderTraceparent)
 		if e.Tracestate != "" {
-			add(HeaderTracestate, e.Tracestate)
+			buf = append(buf, e.Tracestate...)
+			header(HeaderTracestate)
 		}
 	}
-	return &kgo.Record{Topic: topic, Key: []byte(e.AggregateID), Value: e.Data, Headers: h}
+	buf = append(buf, e.AggregateID...)
+	return &kgo.Record{Topic: topic, Key: value(), Value: e.Data, Headers: h}
+}
+
+// contentType is the content-type header of every record: the value is
+// the payload, JSON.
+const contentType = "application/json"
+
+// appendUUID appends the canonical form of id (8-4-4-4-12 lowercase hex
+// digits) to b, as id.String() would return it.
+func appendUUID(b []byte, id uuid.UUID) []byte {
+	b = hex.AppendEncode(b, id[0:4])
+	for _, part := range [][2]int{{4, 6}, {6, 8}, {8, 10}, {10, 16}} {
+		b = append(b, '-')
+		b = hex.AppendEncode(b, id[part[0]:part[1]])
+	}
+	return b
 }
 
 // Decode reads an event from a record written by Record (or by any producer

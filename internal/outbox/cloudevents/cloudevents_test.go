@@ -3,6 +3,7 @@ package cloudevents_test
 import (
 	"encoding/binary"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +36,52 @@ func TestRoundTrip(t *testing.T) {
 	got, err := cloudevents.Decode(r)
 	require.NoError(t, err)
 	require.Equal(t, e, got)
+}
+
+// TestRecordHeaders pins the bytes Record writes. The values share one
+// buffer, so the test also appends to each value and checks that no other
+// value, nor the key, changed.
+func TestRecordHeaders(t *testing.T) {
+	t.Parallel()
+	for _, e := range []cloudevents.Event{sample(), func() cloudevents.Event {
+		e := sample()
+		e.ID = uuid.MustParse("00ff10ab-c3d4-4e5f-8a9b-0c1d2e3f4a5b")
+		e.Time = time.Date(2026, 5, 1, 14, 30, 0, 0, time.FixedZone("CEST", 2*3600))
+		e.Traceparent, e.Tracestate = "", "ignored without a traceparent"
+		e.AggregateVersion, e.SchemaVersion = 1<<62, 1
+		return e
+	}()} {
+		r := cloudevents.Record("invoices.events", e)
+		want := [][2]string{
+			{"ce_specversion", "1.0"},
+			{"ce_id", e.ID.String()},
+			{"ce_type", e.Type},
+			{"ce_source", e.Source},
+			{"ce_subject", e.AggregateID},
+			{"ce_time", e.Time.UTC().Format(time.RFC3339Nano)},
+			{"content-type", "application/json"},
+			{"ce_aggregatetype", e.AggregateType},
+			{"ce_aggregateversion", strconv.FormatInt(e.AggregateVersion, 10)},
+			{"ce_schemaversion", strconv.Itoa(e.SchemaVersion)},
+		}
+		if e.Traceparent != "" {
+			want = append(want, [2]string{"traceparent", e.Traceparent}, [2]string{"tracestate", e.Tracestate})
+		}
+		got := func() [][2]string {
+			var out [][2]string
+			for _, h := range r.Headers {
+				out = append(out, [2]string{h.Key, string(h.Value)})
+			}
+			return out
+		}
+		require.Equal(t, want, got())
+		for i := range r.Headers {
+			_ = append(r.Headers[i].Value, "XXXXXXXX"...)
+		}
+		_ = append(r.Key, "XXXXXXXX"...)
+		require.Equal(t, want, got(), "appending to one value wrote into another")
+		require.Equal(t, e.AggregateID, string(r.Key))
+	}
 }
 
 // TestDecodeRefuses lists hostile records; each is ErrInvalid, never a

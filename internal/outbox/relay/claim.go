@@ -19,7 +19,7 @@ import (
 // these rows, and each row carries the epoch of its partition, which
 // fences its confirm. It reads nothing while the relay owns no partition,
 // or when its leases might end before a send started now would (R5a).
-func (r *Relay) claim(ctx context.Context, inFlight []leased) ([]leased, error) {
+func (r *Relay) claim(ctx context.Context, inFlight [2][]leased) ([]leased, error) {
 	start := time.Now()
 	epochs, floor, ok := r.own.snapshot(start.Add(r.cfg.ProduceTimeout))
 	if !ok {
@@ -29,17 +29,20 @@ func (r *Relay) claim(ctx context.Context, inFlight []leased) ([]leased, error) 
 	for p := range epochs {
 		parts = append(parts, p)
 	}
-	skip := make([]uuid.UUID, len(inFlight))
-	for i := range inFlight {
-		skip[i] = inFlight[i].EventID
-		// Beside deliveries (a backlog), the read starts at the latest row
-		// in flight rather than at the upkeep's floor. What it passes over
-		// is in flight, or versions that rows in flight hold back (the
-		// strict guard would skip them anyway), or rows that became due
-		// there since: all pending, so the next upkeep's floor, within
-		// about a second, is at or below them, and the drain that follows
-		// it, with nothing in flight, reads from there.
-		floor = later(floor, inFlight[i].NextAttemptAt)
+	skip := make([]uuid.UUID, 0, len(inFlight[0])+len(inFlight[1]))
+	for _, rows := range inFlight {
+		for i := range rows {
+			skip = append(skip, rows[i].EventID)
+			// Beside deliveries (a backlog), the read starts at the latest
+			// row in flight rather than at the upkeep's floor. What it
+			// passes over is in flight, or versions that rows in flight
+			// hold back (the strict guard would skip them anyway), or rows
+			// that became due there since: all pending, so the next
+			// upkeep's floor, within about a second, is at or below them,
+			// and the drain that follows it, with nothing in flight, reads
+			// from there.
+			floor = later(floor, rows[i].NextAttemptAt)
+		}
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
@@ -101,14 +104,19 @@ func readBatch(rows []outboxdb.OutboxReadRow, epochs map[int32]int64) []leased {
 // both fenced by the epochs of the batch's partitions. It returns the
 // claims whose confirm matched.
 func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome) ([]claim, error) {
-	confirm := outboxdb.OutboxConfirmParams{Owner: r.cfg.Owner, FencePartitions: f.partitions, FenceEpochs: f.epochs}
+	confirm := outboxdb.OutboxConfirmParams{
+		Owner: r.cfg.Owner, FencePartitions: f.partitions, FenceEpochs: f.epochs,
+		EventIDs:   make([]uuid.UUID, 0, len(outcomes)),
+		Partitions: make([]int32, 0, len(outcomes)),
+		Offsets:    make([]int64, 0, len(outcomes)),
+	}
 	release := outboxdb.OutboxReleaseParams{Owner: r.cfg.Owner, FencePartitions: f.partitions, FenceEpochs: f.epochs}
-	byID := make(map[uuid.UUID]*outcome, len(outcomes))
+	acked := make([]*outcome, 0, len(outcomes)) // the outcome of each confirm.EventIDs[i]
 	var failed []*outcome
 	for i := range outcomes {
 		o := &outcomes[i]
-		byID[o.EventID] = o
 		if o.Err == nil {
+			acked = append(acked, o)
 			confirm.EventIDs = append(confirm.EventIDs, o.EventID)
 			confirm.Partitions = append(confirm.Partitions, o.Partition)
 			confirm.Offsets = append(confirm.Offsets, o.Offset)
@@ -172,9 +180,8 @@ func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome) ([]clai
 			// attributes cost a handful of allocations per event, which
 			// adds up at thousands of events a second.
 			debug := r.log.Enabled(ctx, slog.LevelDebug)
-			for _, id := range confirm.EventIDs {
-				o := byID[id]
-				if matched[id] {
+			for _, o := range acked {
+				if matched[o.EventID] {
 					confirmed = append(confirmed, o.claim)
 					if debug {
 						r.log.DebugContext(o.logContext(ctx), "outbox event delivered", outcomeAttrs(o)...)

@@ -73,7 +73,7 @@ func (r *Relay) ClaimAndConfirm(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
-	batch, err := r.claim(ctx, nil)
+	batch, err := r.claim(ctx, [2][]leased{})
 	if err != nil || len(batch) == 0 {
 		return 0, err
 	}

@@ -37,10 +37,12 @@ func benchLeased() leased {
 }
 
 func benchRelay() *Relay {
-	return &Relay{
+	r := &Relay{
 		cfg:    Config{Topic: "bench.events", Source: "urn:outboxref:bench", Owner: "bench"},
 		tracer: noop.NewTracerProvider().Tracer(scopeName),
 	}
+	r.produceName, r.produceOpts = produceStart(r.cfg.Topic)
+	return r
 }
 
 // BenchmarkBuildRecord is the CloudEvents encoding of one row.

@@ -177,8 +177,11 @@ type Relay struct {
 	metrics    *relayMetrics
 	log        *slog.Logger
 	tracer     trace.Tracer
-	hooks      hooks // crash points; set only by the package's tests
-	own        ownership
+	// produceName and produceOpts start every produce span (startProduce).
+	produceName string
+	produceOpts []trace.SpanStartOption
+	hooks       hooks // crash points; set only by the package's tests
+	own         ownership
 	// floorLag is readFloorLag, changed only by the package's tests.
 	floorLag time.Duration
 
@@ -265,6 +268,7 @@ func NewRelay(cfg Config) (*Relay, error) {
 		nudge:      make(chan struct{}, 1),
 		floorLag:   readFloorLag,
 	}
+	r.produceName, r.produceOpts = produceStart(cfg.Topic)
 	r.metrics.initTypes(cfg.Types)
 	cs := append(r.metrics.collectors(), NewStatsCollector(cfg.Pool, cfg.Types, log))
 	if err := register(cfg.Registerer, cs...); err != nil {
@@ -498,12 +502,10 @@ type sendResult struct {
 
 func (p *pipeline) busy() bool { return p.sending != nil || p.settling != nil }
 
-// inFlight returns the rows of the batches in flight, which a read skips.
-func (p *pipeline) inFlight() []leased {
-	if len(p.settled) == 0 {
-		return p.sendRows
-	}
-	return slices.Concat(p.sendRows, p.settled)
+// inFlight returns the rows of the batches in flight, which a read skips:
+// the batch with the broker and the batch being confirmed.
+func (p *pipeline) inFlight() [2][]leased {
+	return [2][]leased{p.sendRows, p.settled}
 }
 
 // wait waits for the stages in flight to finish, and returns what the
@@ -569,7 +571,7 @@ func (p *pipeline) finish(ctx context.Context) error {
 
 // prepare reads one batch, skipping the rows of inFlight, and settles its
 // shadow rows (O7). It returns the rows to send and how many rows it read.
-func (r *Relay) prepare(ctx context.Context, inFlight []leased) (batch []leased, n int, err error) {
+func (r *Relay) prepare(ctx context.Context, inFlight [2][]leased) (batch []leased, n int, err error) {
 	batch, err = r.claim(ctx, inFlight)
 	r.rounds.Add(1)
 	if err != nil || len(batch) == 0 {
@@ -617,17 +619,17 @@ func (r *Relay) confirm(s sendResult) error {
 // which the relay never sends (O7), and returns the rest, to be sent.
 // Rows written in direct mode are delivered already and never claimed.
 func (r *Relay) shadow(ctx context.Context, batch []leased) ([]leased, error) {
+	if !slices.ContainsFunc(batch, func(l leased) bool { return l.mode == direct.ModeShadow }) {
+		return batch, nil // the usual case, once a migration is over
+	}
 	var shadows []*leased
-	rest := batch[:0:0]
+	var rest []leased
 	for i := range batch {
 		if batch[i].mode == direct.ModeShadow {
 			shadows = append(shadows, &batch[i])
 		} else {
 			rest = append(rest, batch[i])
 		}
-	}
-	if len(shadows) == 0 {
-		return batch, nil
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()

@@ -48,22 +48,14 @@ func (r *Relay) startBatch(ctx context.Context, claimedAt time.Time, size int) (
 // stored with the row, so the row's trace continues, linked to the batch
 // span in ctx. A row stored without a trace context starts a trace of its
 // own. ctx also keeps its deadline, which the send obeys.
+//
+// The span starts with what a sampler may decide on (its kind, the
+// messaging system, operation and destination, its parent and link); the
+// attributes of the row itself are added only when the span records. With
+// no OpenTelemetry SDK, or a sampler that drops the trace, building them
+// would be a dozen allocations per event for nothing.
 func (r *Relay) startProduce(ctx context.Context, l *leased) (context.Context, trace.Span) {
-	opts := []trace.SpanStartOption{
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "kafka"),
-			attribute.String("messaging.operation.type", "send"),
-			attribute.String("messaging.operation.name", "send"),
-			attribute.String("messaging.destination.name", r.cfg.Topic),
-			attribute.String("messaging.message.id", l.EventID.String()),
-			attribute.String("messaging.kafka.message.key", l.AggregateID),
-			attribute.String("outbox.event_type", l.EventType),
-			attribute.String("outbox.aggregate_type", l.AggregateType),
-			attribute.Int64("outbox.aggregate_version", l.AggregateVersion),
-			attribute.Int("outbox.attempt", l.Attempts+1),
-		),
-	}
+	opts := append(make([]trace.SpanStartOption, 0, len(r.produceOpts)+2), r.produceOpts...)
 	if batch := trace.SpanContextFromContext(ctx); batch.IsValid() {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: batch}))
 	}
@@ -72,13 +64,42 @@ func (r *Relay) startProduce(ctx context.Context, l *leased) (context.Context, t
 	} else {
 		opts = append(opts, trace.WithNewRoot())
 	}
-	return r.tracer.Start(ctx, "send "+r.cfg.Topic, opts...)
+	ctx, span := r.tracer.Start(ctx, r.produceName, opts...)
+	if span.IsRecording() {
+		span.SetAttributes(
+			attribute.String("messaging.message.id", l.EventID.String()),
+			attribute.String("messaging.kafka.message.key", l.AggregateID),
+			attribute.String("outbox.event_type", l.EventType),
+			attribute.String("outbox.aggregate_type", l.AggregateType),
+			attribute.Int64("outbox.aggregate_version", l.AggregateVersion),
+			attribute.Int("outbox.attempt", l.Attempts+1),
+		)
+	}
+	return ctx, span
+}
+
+// produceStart returns the name of the produce spans and the options every
+// one of them starts with, made once per relay.
+func produceStart(topic string) (string, []trace.SpanStartOption) {
+	return "send " + topic, []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "kafka"),
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.operation.name", "send"),
+			attribute.String("messaging.destination.name", topic),
+		),
+	}
 }
 
 // endProduce ends the produce span of an outcome once the broker answered
 // or the deadline passed.
 func endProduce(o *outcome) {
 	if o.span == nil {
+		return
+	}
+	if !o.span.IsRecording() {
+		o.span.End()
 		return
 	}
 	if o.Err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
@@ -102,6 +103,16 @@ func TestProduceSpanContinuesStoredTrace(t *testing.T) {
 		"the record carries the produce span's context")
 	require.Equal(t, "vendor=1", r.Headers["tracestate"])
 	require.Equal(t, traced.ID, r.EventID)
+	attrs := map[attribute.Key]attribute.Value{}
+	for _, a := range p.Attributes() {
+		attrs[a.Key] = a.Value
+	}
+	require.Equal(t, "kafka", attrs["messaging.system"].AsString())
+	require.Equal(t, topic, attrs["messaging.destination.name"].AsString())
+	require.Equal(t, traced.ID.String(), attrs["messaging.message.id"].AsString())
+	require.Equal(t, int64(1), attrs["outbox.aggregate_version"].AsInt64())
+	require.Equal(t, int64(1), attrs["outbox.attempt"].AsInt64())
+	require.Contains(t, attrs, attribute.Key("messaging.kafka.offset"), "the broker's answer is on the span")
 
 	p = produce["untraced"]
 	require.False(t, p.Parent().IsValid(), "a row without a trace context starts its own trace")
