@@ -321,20 +321,35 @@ SELECT pg_try_advisory_lock(@lock_key::bigint);
 -- name: EmailLedgerCleanupUnlock :one
 SELECT pg_advisory_unlock(@lock_key::bigint);
 
--- name: EmailSendCleanup :execrows
+-- name: EmailSendCleanup :one
 -- Deletes one batch of finished emails (sent or skipped) older than the
 -- retention. Unknown and failed rows are kept until an operator resolves
--- them.
-DELETE FROM email_send
-WHERE operation_key IN (
-    SELECT e.operation_key FROM email_send e
-    WHERE e.state IN ('sent', 'skipped')
-      -- now(), not clock_timestamp(): see ProcessedEventCleanup in the
-      -- inbox's queries; a volatile cutoff cannot bound the index scan.
-      AND e.created_at < now() - make_interval(secs => @ttl_seconds::float8)
-    ORDER BY e.created_at, e.operation_key
-    LIMIT @batch_size
-);
+-- them. It returns how many it deleted and the last one's
+-- (created_at, operation_key) in the index's order, the cursor the next
+-- batch seeks past: from the start of the index each batch would first step
+-- over the entries of the batches before it, left until the next vacuum
+-- (ProcessedEventCleanup in the inbox's queries says more).
+WITH gone AS (
+    DELETE FROM email_send
+    WHERE operation_key IN (
+        SELECT e.operation_key FROM email_send e
+        WHERE e.state IN ('sent', 'skipped')
+          -- now(), not clock_timestamp(): see ProcessedEventCleanup in the
+          -- inbox's queries; a volatile cutoff cannot bound the index scan.
+          AND e.created_at < now() - make_interval(secs => @ttl_seconds::float8)
+          AND (e.created_at, e.operation_key) > (@after_created_at::timestamptz, @after_operation_key::text)
+        ORDER BY e.created_at, e.operation_key
+        LIMIT @batch_size
+    )
+    RETURNING created_at, operation_key
+), last AS (
+    SELECT g.created_at, g.operation_key FROM gone g
+    ORDER BY g.created_at DESC, g.operation_key DESC
+    LIMIT 1
+)
+SELECT (SELECT count(*) FROM gone)::bigint AS deleted,
+       coalesce((SELECT l.created_at FROM last l), @after_created_at::timestamptz)::timestamptz AS last_created_at,
+       coalesce((SELECT l.operation_key FROM last l), @after_operation_key::text)::text AS last_operation_key;
 
 -- name: AdminRowHashSettings :exec
 -- Row hashes (sha256 of to_jsonb(row)) depend on how timestamps and bytes

@@ -51,14 +51,35 @@ SELECT pg_try_advisory_lock(@lock_key::bigint);
 -- name: CleanupUnlock :one
 SELECT pg_advisory_unlock(@lock_key::bigint);
 
--- name: IdempotencyKeysCleanup :execrows
+-- name: IdempotencyKeysCleanup :one
 -- Deletes one batch of idempotency keys older than the retention, oldest
 -- first. A retry that arrives later creates a new order, which is why the
 -- retention must exceed how long clients retry.
-DELETE FROM idempotency_keys
-WHERE (customer, key) IN (
-    SELECT k.customer, k.key FROM idempotency_keys k
-    WHERE k.created_at < clock_timestamp() - make_interval(secs => @retention_seconds::float8)
-    ORDER BY k.created_at, k.customer, k.key
-    LIMIT @batch_size
-);
+--
+-- It returns how many keys it deleted and the last one's
+-- (created_at, customer, key) in the index's order, the cursor the next
+-- batch seeks past in idempotency_keys_created_idx: from the start of the
+-- index, each batch would first step over the entries of the batches
+-- before it, which stay there until the table is vacuumed, and a run over
+-- a large backlog would take time quadratic in it. The cutoff is now(), a
+-- stable value the index scan can stop at; with clock_timestamp() the
+-- run's last batch would read every key still within the retention.
+WITH gone AS (
+    DELETE FROM idempotency_keys
+    WHERE (customer, key) IN (
+        SELECT k.customer, k.key FROM idempotency_keys k
+        WHERE k.created_at < now() - make_interval(secs => @retention_seconds::float8)
+          AND (k.created_at, k.customer, k.key) > (@after_created_at::timestamptz, @after_customer::text, @after_key::text)
+        ORDER BY k.created_at, k.customer, k.key
+        LIMIT @batch_size
+    )
+    RETURNING created_at, customer, key
+), last AS (
+    SELECT g.created_at, g.customer, g.key FROM gone g
+    ORDER BY g.created_at DESC, g.customer DESC, g.key DESC
+    LIMIT 1
+)
+SELECT (SELECT count(*) FROM gone)::bigint AS deleted,
+       coalesce((SELECT l.created_at FROM last l), @after_created_at::timestamptz)::timestamptz AS last_created_at,
+       coalesce((SELECT l.customer FROM last l), @after_customer::text)::text AS last_customer,
+       coalesce((SELECT l.key FROM last l), @after_key::text)::text AS last_key;

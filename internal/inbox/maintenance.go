@@ -34,7 +34,9 @@ const cleanupLockKey = 7_215_402_114
 
 // Cleanup deletes processed_event markers older than ttl, batchSize rows per
 // statement, oldest first, with a pause between batches, until no expired
-// row is left. One run at a time across all instances: the run holds a
+// row is left. Each batch starts past the last marker the one before it
+// deleted, so a run costs time linear in what it deletes however long
+// vacuum keeps the deleted markers' index entries. One run at a time across all instances: the run holds a
 // session-level advisory lock on one connection from start to end, and an
 // instance that finds it taken returns at once. Each batch is a short
 // statement of its own, so the cleanup never holds row locks for long or
@@ -46,11 +48,17 @@ func (ib *Inbox) Cleanup(ctx context.Context, ttl time.Duration, batchSize int, 
 	}
 	var total int64
 	err := withCleanupLock(ctx, ib.cfg.Pool, cleanupLockKey, func(q *inboxdb.Queries) error {
+		// Each batch starts past the last marker the one before it deleted
+		// (see the query); the first one before every marker.
+		p := inboxdb.ProcessedEventCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize),
+			AfterProcessedAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)}
 		for {
-			n, err := q.ProcessedEventCleanup(ctx, inboxdb.ProcessedEventCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize)})
+			r, err := q.ProcessedEventCleanup(ctx, p)
 			if err != nil {
 				return err
 			}
+			p.AfterProcessedAt, p.AfterEventID = r.LastProcessedAt, r.LastEventID
+			n := r.Deleted
 			total += n
 			ib.metrics.Cleaned.Add(float64(n))
 			if n < int64(batchSize) {

@@ -46,7 +46,8 @@ func RefreshLedgerStats(ctx context.Context, db notifydb.DBTX, m *Metrics) error
 const ledgerCleanupLockKey = 7_215_402_115
 
 // CleanupLedger deletes finished ledger rows (sent or skipped) older than
-// ttl, batchSize rows per statement with a pause between batches. One run
+// ttl, batchSize rows per statement with a pause between batches, each
+// batch starting past the last row the one before it deleted. One run
 // at a time across instances: the run holds a session-level advisory lock
 // on one connection throughout, and an instance that finds it taken returns
 // at once. Unknown and failed rows are kept until an operator resolves
@@ -71,11 +72,17 @@ func CleanupLedger(ctx context.Context, pool *pgxpool.Pool, ttl time.Duration, b
 			_ = conn.Conn().Close(context.WithoutCancel(ctx)) // ending the session releases the lock
 		}
 	}()
+	// Each batch starts past the last email the one before it deleted (see
+	// the query); the first one before every email.
+	p := notifydb.EmailSendCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize),
+		AfterCreatedAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)}
 	for {
-		n, err := notifydb.New(indexOrder{db: conn}).EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: ttl.Seconds(), BatchSize: int32(batchSize)})
+		r, err := notifydb.New(indexOrder{db: conn}).EmailSendCleanup(ctx, p)
 		if err != nil {
 			return total, fmt.Errorf("clean up finished emails: %w", err)
 		}
+		p.AfterCreatedAt, p.AfterOperationKey = r.LastCreatedAt, r.LastOperationKey
+		n := r.Deleted
 		total += n
 		if n < int64(batchSize) {
 			return total, nil

@@ -2,7 +2,10 @@ package notify
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -78,36 +81,123 @@ func TestLedgerQueriesKeepTheirOrderOnABacklog(t *testing.T) {
 		name    string
 		query   []pgtest.Query
 		maxRead int64
+		// maxSorted: the claim's two branches each bring one candidate;
+		// the cleanup sorts the batch it deleted to find its last row.
+		// Anything more is a sort of the backlog.
+		maxSorted int64
 	}{
 		// One worker: the first due row. Held unknown rows are not in the way.
-		{"ClaimOneWorker", claim(false, 1, 0), 5},
+		{"ClaimOneWorker", claim(false, 1, 0), 5, 2},
 		// Four workers, the last one, resending unknown rows: both branches
 		// walk their index until a row of this worker's share, about four
 		// rows each.
-		{"ClaimWorkerShareResend", claim(true, 4, 3), 100},
+		{"ClaimWorkerShareResend", claim(true, 4, 3), 100, 2},
 		{"SweepStuck", capture(func(ctx context.Context, q *notifydb.Queries) {
 			rows, err := q.EmailSendSweepStuck(ctx, notifydb.EmailSendSweepStuckParams{MaxAttempts: 10, TimeoutSeconds: 60})
 			require.NoError(t, err)
 			require.Len(t, rows, 4, "the abandoned sends, not the live ones")
-		}), 20},
+		}), 20, 2},
 		{"SkipStale", capture(func(ctx context.Context, q *notifydb.Queries) {
 			rows, err := q.EmailSendSkipStale(ctx, 24*3600)
 			require.NoError(t, err)
 			require.Len(t, rows, 20)
-		}), 50},
+		}), 50, 2},
 		{"Cleanup", captureIndexOrder(func(ctx context.Context, q *notifydb.Queries) {
-			n, err := q.EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: 30 * 24 * 3600, BatchSize: 500})
+			r, err := q.EmailSendCleanup(ctx, notifydb.EmailSendCleanupParams{TtlSeconds: 30 * 24 * 3600, BatchSize: 500,
+				AfterCreatedAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)})
 			require.NoError(t, err)
-			require.EqualValues(t, 500, n)
-		}), 1_100},
+			require.EqualValues(t, 500, r.Deleted)
+		}), 1_100, 500},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			plan := pgtest.Explain(t, db.Pool, tc.query...)
 			t.Log(plan)
-			// The claim's two branches each bring one candidate; anything
-			// more is a sort of the backlog.
-			require.LessOrEqual(t, plan.SortedRows(), int64(2), "sorts the backlog:\n%s", plan)
+			require.LessOrEqual(t, plan.SortedRows(), tc.maxSorted, "sorts the backlog:\n%s", plan)
 			require.LessOrEqual(t, plan.RowsRead("email_send"), tc.maxRead, "reads the backlog:\n%s", plan)
 		})
 	}
+}
+
+// TestLedgerCleanupSeeksPastWhatItDeleted: a deleted email's entry stays in
+// email_send_finished_cleanup_idx until the ledger is vacuumed, so a
+// cleanup whose every batch walked the index from its start would step
+// over all the batches before it: time quadratic in the backlog. Each
+// batch starts past the last email the one before it deleted. A run
+// deletes 40,000 sent emails in batches of 1,000 with autovacuum off; then
+// 100 more expire, and the run's final statement, run again, touches a
+// handful of the index's blocks from its cursor against hundreds from the
+// start.
+func TestLedgerCleanupSeeksPastWhatItDeleted(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, schema.Notifier()...)
+	ctx := context.Background()
+	load := func(from, to int) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, `
+			INSERT INTO email_send (operation_key, event_id, message_id, order_id, event_type, aggregate_version, event_time,
+			                        recipient, subject, body, state, attempts, created_at)
+			SELECT 'k' || g, md5('e' || g)::uuid, '<k' || g || '>', md5('o' || g)::uuid, 'order.placed', 1, now(),
+			       'a@example.com', 's', 'b', 'sent', 1, now() - interval '40 days' + g * interval '1 ms'
+			FROM generate_series($1::int, $2::int) g`, from, to)
+		require.NoError(t, err)
+	}
+	_, err := db.Pool.Exec(ctx, `ALTER TABLE email_send SET (autovacuum_enabled = false)`)
+	require.NoError(t, err)
+	load(1, 40_000)
+	_, err = db.Pool.Exec(ctx, `ANALYZE email_send`)
+	require.NoError(t, err)
+
+	rec := &pgtest.Recorder{}
+	n, err := CleanupLedger(ctx, pgtest.TracedPool(t, db.URL, rec), 30*24*time.Hour, 1000, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 40_000, n)
+	var setting pgtest.Query
+	var batches []pgtest.Query
+	for _, q := range rec.Take() {
+		switch {
+		case q.SQL == preferIndexOrder:
+			setting = q
+		case strings.Contains(q.SQL, "DELETE FROM email_send"):
+			batches = append(batches, q)
+		}
+	}
+	require.Len(t, batches, 41, "forty full batches, then one that finds nothing")
+	cursor := func(q pgtest.Query) (at time.Time, key string) {
+		for _, a := range q.Args {
+			switch v := a.(type) {
+			case time.Time:
+				at = v
+			case string:
+				key = v
+			}
+		}
+		return at, key
+	}
+	prev, _ := cursor(batches[0])
+	for _, b := range batches[1:] {
+		at, _ := cursor(b)
+		require.True(t, at.After(prev), "each batch starts past the one before it: %s, then %s", prev, at)
+		prev = at
+	}
+	_, key := cursor(batches[40])
+	require.Equal(t, "k40000", key, "the last batch starts at the backlog's last email")
+
+	load(40_001, 40_100)
+	final := batches[40]
+	fromStart := pgtest.Query{SQL: final.SQL, Args: slices.Clone(final.Args)}
+	for i, a := range fromStart.Args {
+		switch a.(type) {
+		case time.Time:
+			fromStart.Args[i] = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+		case string:
+			fromStart.Args[i] = ""
+		}
+	}
+	const index = "email_send_finished_cleanup_idx"
+	plan := pgtest.Explain(t, db.Pool, setting, final)
+	t.Logf("from the cursor, %d blocks:\n%s", plan.IndexBlocks(index), plan)
+	zero := pgtest.Explain(t, db.Pool, setting, fromStart)
+	t.Logf("from the start, %d blocks:\n%s", zero.IndexBlocks(index), zero)
+	require.LessOrEqual(t, plan.IndexBlocks(index), int64(30), "the batch after 40,000 deleted emails walks them")
+	require.GreaterOrEqual(t, zero.IndexBlocks(index), int64(150), "the walk from the start should cross the deleted emails' entries")
 }

@@ -38,7 +38,7 @@ func (k *KeyCleanup) Collector() prometheus.Collector { return k.deleted }
 
 // Run deletes keys older than retention, batchSize per statement, oldest
 // first, with a pause between batches, and returns how many it deleted.
-// One run at a time across processes: it holds a session-level advisory
+// Each batch starts past the last key the one before it deleted. One run at a time across processes: it holds a session-level advisory
 // lock for the whole run and returns 0 at once when another run has it.
 // Deleting a key only stops a very late retry from being recognised; the
 // order it created stays.
@@ -60,11 +60,17 @@ func (k *KeyCleanup) Run(ctx context.Context, retention time.Duration, batchSize
 			_ = conn.Conn().Close(context.WithoutCancel(ctx)) // ending the session releases the lock
 		}
 	}()
+	// Each batch starts past the last key the one before it deleted (see
+	// the query); the first one before every key.
+	p := ordersdb.IdempotencyKeysCleanupParams{RetentionSeconds: retention.Seconds(), BatchSize: int32(batchSize),
+		AfterCreatedAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)}
 	for {
-		n, err := q.IdempotencyKeysCleanup(ctx, ordersdb.IdempotencyKeysCleanupParams{RetentionSeconds: retention.Seconds(), BatchSize: int32(batchSize)})
+		r, err := q.IdempotencyKeysCleanup(ctx, p)
 		if err != nil {
 			return total, fmt.Errorf("idempotency key cleanup: %w", err)
 		}
+		p.AfterCreatedAt, p.AfterCustomer, p.AfterKey = r.LastCreatedAt, r.LastCustomer, r.LastKey
+		n := r.Deleted
 		total += n
 		k.deleted.WithLabelValues("idempotency_keys").Add(float64(n))
 		if n < int64(batchSize) {

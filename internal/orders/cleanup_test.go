@@ -3,10 +3,15 @@ package orders
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/internal/pgtest"
 )
 
 // TestKeyCleanup: idempotency keys older than the retention go, in
@@ -38,4 +43,85 @@ func TestKeyCleanup(t *testing.T) {
 
 	_, err = NewKeyCleanup(f.pool).Run(ctx, time.Hour, 0, 0)
 	require.Error(t, err)
+}
+
+// TestKeyCleanupSeeksPastWhatItDeleted: a deleted key's entry stays in
+// idempotency_keys_created_idx until the table is vacuumed, so a cleanup
+// whose every batch walked the index from its start would step over all
+// the batches before it: time quadratic in the backlog. Each batch starts
+// past the last key the one before it deleted. A run deletes 40,000 expired
+// keys in batches of 1,000 with autovacuum off; then 100 more expire, and
+// the run's final statement, run again, touches a handful of the index's
+// blocks from its cursor against hundreds from the start.
+func TestKeyCleanupSeeksPastWhatItDeleted(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, schema.Orders()...)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `
+		ALTER TABLE idempotency_keys SET (autovacuum_enabled = false);
+		INSERT INTO orders (id, customer, email, currency, status, total_cents, version, created_at, updated_at)
+		VALUES ('00000000-0000-7000-8000-000000000001', 'alice', 'a@example.com', 'EUR', 'placed', 1, 1, now(), now())`)
+	require.NoError(t, err)
+	load := func(from, to int) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, `
+			INSERT INTO idempotency_keys (customer, key, request_hash, order_id, created_at)
+			SELECT 'alice', 'key-' || lpad(g::text, 6, '0'), '\x00', '00000000-0000-7000-8000-000000000001',
+			       now() - interval '40 days' + g * interval '1 ms'
+			FROM generate_series($1::int, $2::int) g`, from, to)
+		require.NoError(t, err)
+	}
+	load(1, 40_000)
+	_, err = db.Pool.Exec(ctx, `ANALYZE idempotency_keys`)
+	require.NoError(t, err)
+
+	rec := &pgtest.Recorder{}
+	n, err := NewKeyCleanup(pgtest.TracedPool(t, db.URL, rec)).Run(ctx, 30*24*time.Hour, 1000, 0)
+	require.NoError(t, err)
+	require.EqualValues(t, 40_000, n)
+	var batches []pgtest.Query
+	for _, q := range rec.Take() {
+		if strings.Contains(q.SQL, "DELETE FROM idempotency_keys") {
+			batches = append(batches, q)
+		}
+	}
+	require.Len(t, batches, 41, "forty full batches, then one that finds nothing")
+	cursor := func(q pgtest.Query) (at time.Time, texts []string) {
+		for _, a := range q.Args {
+			switch v := a.(type) {
+			case time.Time:
+				at = v
+			case string:
+				texts = append(texts, v)
+			}
+		}
+		return at, texts
+	}
+	prev, _ := cursor(batches[0])
+	for _, b := range batches[1:] {
+		at, _ := cursor(b)
+		require.True(t, at.After(prev), "each batch starts past the one before it: %s, then %s", prev, at)
+		prev = at
+	}
+	_, texts := cursor(batches[40])
+	require.Equal(t, []string{"alice", "key-040000"}, texts, "the last batch starts at the backlog's last key")
+
+	load(40_001, 40_100)
+	final := batches[40]
+	fromStart := pgtest.Query{SQL: final.SQL, Args: slices.Clone(final.Args)}
+	for i, a := range fromStart.Args {
+		switch a.(type) {
+		case time.Time:
+			fromStart.Args[i] = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+		case string:
+			fromStart.Args[i] = ""
+		}
+	}
+	const index = "idempotency_keys_created_idx"
+	plan := pgtest.Explain(t, db.Pool, final)
+	t.Logf("from the cursor, %d blocks:\n%s", plan.IndexBlocks(index), plan)
+	zero := pgtest.Explain(t, db.Pool, fromStart)
+	t.Logf("from the start, %d blocks:\n%s", zero.IndexBlocks(index), zero)
+	require.LessOrEqual(t, plan.IndexBlocks(index), int64(30), "the batch after 40,000 deleted keys walks them")
+	require.GreaterOrEqual(t, zero.IndexBlocks(index), int64(150), "the walk from the start should cross the deleted keys' entries")
 }

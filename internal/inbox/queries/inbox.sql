@@ -130,20 +130,40 @@ SELECT pg_try_advisory_lock(@lock_key::bigint);
 -- name: CleanupUnlock :one
 SELECT pg_advisory_unlock(@lock_key::bigint);
 
--- name: ProcessedEventCleanup :execrows
+-- name: ProcessedEventCleanup :one
 -- Deletes one bounded batch of finished markers older than the TTL, oldest
 -- first, so a large backlog never becomes one long lock-holding statement.
 -- The cutoff uses now(), not clock_timestamp(): a volatile function cannot
 -- bound an index scan, and the run's last batch, which finds fewer rows
 -- than its limit, would walk the whole index and its heap to prove it.
-DELETE FROM processed_event
-WHERE event_id IN (
-    SELECT p.event_id FROM processed_event p
-    WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict', 'forked')
-      AND p.processed_at < now() - make_interval(secs => @ttl_seconds::float8)
-    ORDER BY p.processed_at, p.event_id
-    LIMIT @batch_size
-);
+--
+-- It returns how many markers it deleted and the last one's
+-- (processed_at, event_id), in the index's order: the cursor the next
+-- batch seeks past in processed_event_cleanup_idx. From the start of the
+-- index, batch k would first step over the entries of the k-1 batches
+-- before it, which stay in the index until the table is vacuumed, and a
+-- run over a large backlog would take time quadratic in it. A marker that
+-- becomes deletable behind the cursor while the run lasts (committed late,
+-- or given a finished outcome) is deleted by the next run.
+WITH gone AS (
+    DELETE FROM processed_event
+    WHERE event_id IN (
+        SELECT p.event_id FROM processed_event p
+        WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict', 'forked')
+          AND p.processed_at < now() - make_interval(secs => @ttl_seconds::float8)
+          AND (p.processed_at, p.event_id) > (@after_processed_at::timestamptz, @after_event_id::uuid)
+        ORDER BY p.processed_at, p.event_id
+        LIMIT @batch_size
+    )
+    RETURNING processed_at, event_id
+), last AS (
+    SELECT g.processed_at, g.event_id FROM gone g
+    ORDER BY g.processed_at DESC, g.event_id DESC
+    LIMIT 1
+)
+SELECT (SELECT count(*) FROM gone)::bigint AS deleted,
+       coalesce((SELECT l.processed_at FROM last l), @after_processed_at::timestamptz)::timestamptz AS last_processed_at,
+       coalesce((SELECT l.event_id FROM last l), @after_event_id::uuid)::uuid AS last_event_id;
 
 -- name: InboxHeldInsert :exec
 INSERT INTO inbox_held_event (event_id, aggregate_type, aggregate_id, aggregate_version,

@@ -230,33 +230,60 @@ func (q *Queries) EmailSendClaimOne(ctx context.Context, arg EmailSendClaimOnePa
 	return i, err
 }
 
-const emailSendCleanup = `-- name: EmailSendCleanup :execrows
-DELETE FROM email_send
-WHERE operation_key IN (
-    SELECT e.operation_key FROM email_send e
-    WHERE e.state IN ('sent', 'skipped')
-      -- now(), not clock_timestamp(): see ProcessedEventCleanup in the
-      -- inbox's queries; a volatile cutoff cannot bound the index scan.
-      AND e.created_at < now() - make_interval(secs => $1::float8)
-    ORDER BY e.created_at, e.operation_key
-    LIMIT $2
+const emailSendCleanup = `-- name: EmailSendCleanup :one
+WITH gone AS (
+    DELETE FROM email_send
+    WHERE operation_key IN (
+        SELECT e.operation_key FROM email_send e
+        WHERE e.state IN ('sent', 'skipped')
+          -- now(), not clock_timestamp(): see ProcessedEventCleanup in the
+          -- inbox's queries; a volatile cutoff cannot bound the index scan.
+          AND e.created_at < now() - make_interval(secs => $3::float8)
+          AND (e.created_at, e.operation_key) > ($1::timestamptz, $2::text)
+        ORDER BY e.created_at, e.operation_key
+        LIMIT $4
+    )
+    RETURNING created_at, operation_key
+), last AS (
+    SELECT g.created_at, g.operation_key FROM gone g
+    ORDER BY g.created_at DESC, g.operation_key DESC
+    LIMIT 1
 )
+SELECT (SELECT count(*) FROM gone)::bigint AS deleted,
+       coalesce((SELECT l.created_at FROM last l), $1::timestamptz)::timestamptz AS last_created_at,
+       coalesce((SELECT l.operation_key FROM last l), $2::text)::text AS last_operation_key
 `
 
 type EmailSendCleanupParams struct {
-	TtlSeconds float64
-	BatchSize  int32
+	AfterCreatedAt    time.Time
+	AfterOperationKey string
+	TtlSeconds        float64
+	BatchSize         int32
+}
+
+type EmailSendCleanupRow struct {
+	Deleted          int64
+	LastCreatedAt    time.Time
+	LastOperationKey string
 }
 
 // Deletes one batch of finished emails (sent or skipped) older than the
 // retention. Unknown and failed rows are kept until an operator resolves
-// them.
-func (q *Queries) EmailSendCleanup(ctx context.Context, arg EmailSendCleanupParams) (int64, error) {
-	result, err := q.db.Exec(ctx, emailSendCleanup, arg.TtlSeconds, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+// them. It returns how many it deleted and the last one's
+// (created_at, operation_key) in the index's order, the cursor the next
+// batch seeks past: from the start of the index each batch would first step
+// over the entries of the batches before it, left until the next vacuum
+// (ProcessedEventCleanup in the inbox's queries says more).
+func (q *Queries) EmailSendCleanup(ctx context.Context, arg EmailSendCleanupParams) (EmailSendCleanupRow, error) {
+	row := q.db.QueryRow(ctx, emailSendCleanup,
+		arg.AfterCreatedAt,
+		arg.AfterOperationKey,
+		arg.TtlSeconds,
+		arg.BatchSize,
+	)
+	var i EmailSendCleanupRow
+	err := row.Scan(&i.Deleted, &i.LastCreatedAt, &i.LastOperationKey)
+	return i, err
 }
 
 const emailSendCountOpen = `-- name: EmailSendCountOpen :many

@@ -79,30 +79,71 @@ func (q *Queries) IdempotencyKeyInsert(ctx context.Context, arg IdempotencyKeyIn
 	return err
 }
 
-const idempotencyKeysCleanup = `-- name: IdempotencyKeysCleanup :execrows
-DELETE FROM idempotency_keys
-WHERE (customer, key) IN (
-    SELECT k.customer, k.key FROM idempotency_keys k
-    WHERE k.created_at < clock_timestamp() - make_interval(secs => $1::float8)
-    ORDER BY k.created_at, k.customer, k.key
-    LIMIT $2
+const idempotencyKeysCleanup = `-- name: IdempotencyKeysCleanup :one
+WITH gone AS (
+    DELETE FROM idempotency_keys
+    WHERE (customer, key) IN (
+        SELECT k.customer, k.key FROM idempotency_keys k
+        WHERE k.created_at < now() - make_interval(secs => $4::float8)
+          AND (k.created_at, k.customer, k.key) > ($1::timestamptz, $2::text, $3::text)
+        ORDER BY k.created_at, k.customer, k.key
+        LIMIT $5
+    )
+    RETURNING created_at, customer, key
+), last AS (
+    SELECT g.created_at, g.customer, g.key FROM gone g
+    ORDER BY g.created_at DESC, g.customer DESC, g.key DESC
+    LIMIT 1
 )
+SELECT (SELECT count(*) FROM gone)::bigint AS deleted,
+       coalesce((SELECT l.created_at FROM last l), $1::timestamptz)::timestamptz AS last_created_at,
+       coalesce((SELECT l.customer FROM last l), $2::text)::text AS last_customer,
+       coalesce((SELECT l.key FROM last l), $3::text)::text AS last_key
 `
 
 type IdempotencyKeysCleanupParams struct {
+	AfterCreatedAt   time.Time
+	AfterCustomer    string
+	AfterKey         string
 	RetentionSeconds float64
 	BatchSize        int32
+}
+
+type IdempotencyKeysCleanupRow struct {
+	Deleted       int64
+	LastCreatedAt time.Time
+	LastCustomer  string
+	LastKey       string
 }
 
 // Deletes one batch of idempotency keys older than the retention, oldest
 // first. A retry that arrives later creates a new order, which is why the
 // retention must exceed how long clients retry.
-func (q *Queries) IdempotencyKeysCleanup(ctx context.Context, arg IdempotencyKeysCleanupParams) (int64, error) {
-	result, err := q.db.Exec(ctx, idempotencyKeysCleanup, arg.RetentionSeconds, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+//
+// It returns how many keys it deleted and the last one's
+// (created_at, customer, key) in the index's order, the cursor the next
+// batch seeks past in idempotency_keys_created_idx: from the start of the
+// index, each batch would first step over the entries of the batches
+// before it, which stay there until the table is vacuumed, and a run over
+// a large backlog would take time quadratic in it. The cutoff is now(), a
+// stable value the index scan can stop at; with clock_timestamp() the
+// run's last batch would read every key still within the retention.
+func (q *Queries) IdempotencyKeysCleanup(ctx context.Context, arg IdempotencyKeysCleanupParams) (IdempotencyKeysCleanupRow, error) {
+	row := q.db.QueryRow(ctx, idempotencyKeysCleanup,
+		arg.AfterCreatedAt,
+		arg.AfterCustomer,
+		arg.AfterKey,
+		arg.RetentionSeconds,
+		arg.BatchSize,
+	)
+	var i IdempotencyKeysCleanupRow
+	err := row.Scan(
+		&i.Deleted,
+		&i.LastCreatedAt,
+		&i.LastCustomer,
+		&i.LastKey,
+	)
+	return i, err
 }
 
 const orderGet = `-- name: OrderGet :one

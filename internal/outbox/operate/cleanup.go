@@ -199,12 +199,16 @@ func (a *Admin) Cleanup(ctx context.Context, c Cleanup) (int64, error) {
 		}
 	}
 	// The direct path's log (O7) follows the same retention, by send time.
-	before := time.Now().Add(-c.Retention)
+	// Each batch starts at the last send time the one before it deleted.
+	p := opsdb.DirectLogCleanupParams{SentBefore: time.Now().Add(-c.Retention), BatchSize: int32(c.BatchSize),
+		SentFrom: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)}
 	for {
-		n, err := q.DirectLogCleanup(ctx, opsdb.DirectLogCleanupParams{SentBefore: before, BatchSize: int32(c.BatchSize)})
+		r, err := q.DirectLogCleanup(ctx, p)
 		if err != nil {
 			return total, fmt.Errorf("outbox cleanup: delete a batch of the direct log: %w", err)
 		}
+		p.SentFrom = r.LastSentAt
+		n := r.Deleted
 		total += n
 		a.metrics.deleted.WithLabelValues("outbox_direct_log").Add(float64(n))
 		if n < int64(c.BatchSize) {

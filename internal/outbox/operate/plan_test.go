@@ -33,9 +33,10 @@ func TestCleanupKeepsItsOrderOnABacklog(t *testing.T) {
 			require.Len(t, rows, 500)
 		}},
 		{"DirectLogCleanup", func(ctx context.Context, q *opsdb.Queries) {
-			n, err := q.DirectLogCleanup(ctx, opsdb.DirectLogCleanupParams{SentBefore: time.Now().Add(-7 * 24 * time.Hour), BatchSize: 500})
+			r, err := q.DirectLogCleanup(ctx, opsdb.DirectLogCleanupParams{SentBefore: time.Now().Add(-7 * 24 * time.Hour),
+				SentFrom: time.Unix(0, 0), BatchSize: 500})
 			require.NoError(t, err)
-			require.EqualValues(t, 500, n)
+			require.EqualValues(t, 500, r.Deleted)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -47,4 +48,46 @@ func TestCleanupKeepsItsOrderOnABacklog(t *testing.T) {
 			require.LessOrEqual(t, plan.RowsRead("outbox", "outbox_direct_log"), int64(1_100), "reads the backlog:\n%s", plan)
 		})
 	}
+}
+
+// TestDirectLogCleanupSeeksPastWhatItDeleted: a deleted line's entry stays
+// in outbox_direct_log_sent_idx until the table is vacuumed, so a cleanup
+// whose every batch walked the index from its start would step over all
+// the batches before it: time quadratic in the log. Each batch starts at
+// the last send time the one before it deleted. With 39,000 of 40,000
+// expired lines deleted (autovacuum off), the next batch touches a handful
+// of the index's blocks from there, against hundreds from the start.
+func TestDirectLogCleanupSeeksPastWhatItDeleted(t *testing.T) {
+	t.Parallel()
+	db := outboxtest.NewDB(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `
+		ALTER TABLE outbox_direct_log SET (autovacuum_enabled = false);
+		INSERT INTO outbox_direct_log (event_id, event_type, publish_mode, sent_at)
+		SELECT md5('d' || g)::uuid, 'thing.happened', 'direct', now() - interval '40 days' + g * interval '1 ms'
+		FROM generate_series(1, 40000) g;
+		ANALYZE outbox_direct_log;
+		DELETE FROM outbox_direct_log WHERE sent_at <= (SELECT sent_at FROM outbox_direct_log ORDER BY sent_at OFFSET 38999 LIMIT 1);`)
+	require.NoError(t, err)
+	// Where the run's next batch starts: the send time of the last line
+	// deleted, or (the same walk, as the bound is inclusive) of the first
+	// line left.
+	var last time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT min(sent_at) FROM outbox_direct_log`).Scan(&last))
+
+	blocks := func(from time.Time) (int64, outboxtest.Plan) {
+		plan := outboxtest.ExplainGenerated(t, db, opsdb.CleanupInIndexOrder, func(ctx context.Context, tx pgx.Tx) {
+			r, err := opsdb.New(tx).DirectLogCleanup(ctx, opsdb.DirectLogCleanupParams{
+				SentBefore: time.Now().Add(-7 * 24 * time.Hour), SentFrom: from, BatchSize: 500})
+			require.NoError(t, err)
+			require.EqualValues(t, 500, r.Deleted)
+		})
+		return plan.IndexBlocks("outbox_direct_log_sent_idx"), plan
+	}
+	fromLast, plan := blocks(last)
+	t.Logf("from the last deleted line, %d blocks:\n%s", fromLast, plan)
+	fromStart, plan := blocks(time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC))
+	t.Logf("from the start, %d blocks:\n%s", fromStart, plan)
+	require.LessOrEqual(t, fromLast, int64(30), "the batch after 39,000 deleted lines walks them")
+	require.GreaterOrEqual(t, fromStart, int64(80), "the walk from the start should cross the deleted lines' entries")
 }

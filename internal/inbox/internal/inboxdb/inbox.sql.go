@@ -1382,20 +1382,39 @@ func (q *Queries) InboxRowHashSettings(ctx context.Context) error {
 	return err
 }
 
-const processedEventCleanup = `-- name: ProcessedEventCleanup :execrows
-DELETE FROM processed_event
-WHERE event_id IN (
-    SELECT p.event_id FROM processed_event p
-    WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict', 'forked')
-      AND p.processed_at < now() - make_interval(secs => $1::float8)
-    ORDER BY p.processed_at, p.event_id
-    LIMIT $2
+const processedEventCleanup = `-- name: ProcessedEventCleanup :one
+WITH gone AS (
+    DELETE FROM processed_event
+    WHERE event_id IN (
+        SELECT p.event_id FROM processed_event p
+        WHERE p.outcome IN ('applied', 'superseded', 'covered', 'conflict', 'forked')
+          AND p.processed_at < now() - make_interval(secs => $3::float8)
+          AND (p.processed_at, p.event_id) > ($1::timestamptz, $2::uuid)
+        ORDER BY p.processed_at, p.event_id
+        LIMIT $4
+    )
+    RETURNING processed_at, event_id
+), last AS (
+    SELECT g.processed_at, g.event_id FROM gone g
+    ORDER BY g.processed_at DESC, g.event_id DESC
+    LIMIT 1
 )
+SELECT (SELECT count(*) FROM gone)::bigint AS deleted,
+       coalesce((SELECT l.processed_at FROM last l), $1::timestamptz)::timestamptz AS last_processed_at,
+       coalesce((SELECT l.event_id FROM last l), $2::uuid)::uuid AS last_event_id
 `
 
 type ProcessedEventCleanupParams struct {
-	TtlSeconds float64
-	BatchSize  int32
+	AfterProcessedAt time.Time
+	AfterEventID     uuid.UUID
+	TtlSeconds       float64
+	BatchSize        int32
+}
+
+type ProcessedEventCleanupRow struct {
+	Deleted         int64
+	LastProcessedAt time.Time
+	LastEventID     uuid.UUID
 }
 
 // Deletes one bounded batch of finished markers older than the TTL, oldest
@@ -1403,12 +1422,25 @@ type ProcessedEventCleanupParams struct {
 // The cutoff uses now(), not clock_timestamp(): a volatile function cannot
 // bound an index scan, and the run's last batch, which finds fewer rows
 // than its limit, would walk the whole index and its heap to prove it.
-func (q *Queries) ProcessedEventCleanup(ctx context.Context, arg ProcessedEventCleanupParams) (int64, error) {
-	result, err := q.db.Exec(ctx, processedEventCleanup, arg.TtlSeconds, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+//
+// It returns how many markers it deleted and the last one's
+// (processed_at, event_id), in the index's order: the cursor the next
+// batch seeks past in processed_event_cleanup_idx. From the start of the
+// index, batch k would first step over the entries of the k-1 batches
+// before it, which stay in the index until the table is vacuumed, and a
+// run over a large backlog would take time quadratic in it. A marker that
+// becomes deletable behind the cursor while the run lasts (committed late,
+// or given a finished outcome) is deleted by the next run.
+func (q *Queries) ProcessedEventCleanup(ctx context.Context, arg ProcessedEventCleanupParams) (ProcessedEventCleanupRow, error) {
+	row := q.db.QueryRow(ctx, processedEventCleanup,
+		arg.AfterProcessedAt,
+		arg.AfterEventID,
+		arg.TtlSeconds,
+		arg.BatchSize,
+	)
+	var i ProcessedEventCleanupRow
+	err := row.Scan(&i.Deleted, &i.LastProcessedAt, &i.LastEventID)
+	return i, err
 }
 
 const processedEventDeleteMany = `-- name: ProcessedEventDeleteMany :exec

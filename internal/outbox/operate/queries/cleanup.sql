@@ -42,12 +42,25 @@ ON CONFLICT (event_id) DO UPDATE SET delivered_at = EXCLUDED.delivered_at, broke
     broker_offset = EXCLUDED.broker_offset, archived_at = clock_timestamp()
 RETURNING event_id, delivered_at;
 
--- name: DirectLogCleanup :execrows
+-- name: DirectLogCleanup :one
 -- The direct path's log older than the retention, one batch, oldest first.
 -- The batch's rows are deleted by their physical address (ctid), read from
 -- outbox_direct_log_sent_idx: a join back on event_id can be planned as a
 -- scan of the whole log when the statistics are old.
-DELETE FROM outbox_direct_log
-WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM outbox_direct_log d
-                        WHERE d.sent_at < @sent_before::timestamptz
-                        ORDER BY d.sent_at LIMIT @batch_size::integer));
+--
+-- It returns how many rows it deleted and the latest sent_at among them:
+-- the next batch starts there (sent_from), like ArchiveDelivered's cursor,
+-- instead of stepping over the entries the batches before it deleted. The
+-- index holds sent_at alone, so the bound is inclusive: rows sent in the
+-- same microsecond as the last one deleted are read again, never skipped.
+WITH gone AS (
+    DELETE FROM outbox_direct_log
+    WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM outbox_direct_log d
+                            WHERE d.sent_at < @sent_before::timestamptz
+                              AND d.sent_at >= @sent_from::timestamptz
+                            ORDER BY d.sent_at LIMIT @batch_size::integer))
+    RETURNING sent_at
+)
+SELECT count(*)::bigint AS deleted,
+       coalesce(max(sent_at), @sent_from::timestamptz)::timestamptz AS last_sent_at
+FROM gone;

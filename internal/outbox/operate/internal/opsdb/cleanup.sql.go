@@ -110,26 +110,44 @@ func (q *Queries) CleanupUnlock(ctx context.Context, lockKey int64) (bool, error
 	return pg_advisory_unlock, err
 }
 
-const directLogCleanup = `-- name: DirectLogCleanup :execrows
-DELETE FROM outbox_direct_log
-WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM outbox_direct_log d
-                        WHERE d.sent_at < $1::timestamptz
-                        ORDER BY d.sent_at LIMIT $2::integer))
+const directLogCleanup = `-- name: DirectLogCleanup :one
+WITH gone AS (
+    DELETE FROM outbox_direct_log
+    WHERE ctid = ANY (ARRAY(SELECT d.ctid FROM outbox_direct_log d
+                            WHERE d.sent_at < $2::timestamptz
+                              AND d.sent_at >= $1::timestamptz
+                            ORDER BY d.sent_at LIMIT $3::integer))
+    RETURNING sent_at
+)
+SELECT count(*)::bigint AS deleted,
+       coalesce(max(sent_at), $1::timestamptz)::timestamptz AS last_sent_at
+FROM gone
 `
 
 type DirectLogCleanupParams struct {
+	SentFrom   time.Time
 	SentBefore time.Time
 	BatchSize  int32
+}
+
+type DirectLogCleanupRow struct {
+	Deleted    int64
+	LastSentAt time.Time
 }
 
 // The direct path's log older than the retention, one batch, oldest first.
 // The batch's rows are deleted by their physical address (ctid), read from
 // outbox_direct_log_sent_idx: a join back on event_id can be planned as a
 // scan of the whole log when the statistics are old.
-func (q *Queries) DirectLogCleanup(ctx context.Context, arg DirectLogCleanupParams) (int64, error) {
-	result, err := q.db.Exec(ctx, directLogCleanup, arg.SentBefore, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+//
+// It returns how many rows it deleted and the latest sent_at among them:
+// the next batch starts there (sent_from), like ArchiveDelivered's cursor,
+// instead of stepping over the entries the batches before it deleted. The
+// index holds sent_at alone, so the bound is inclusive: rows sent in the
+// same microsecond as the last one deleted are read again, never skipped.
+func (q *Queries) DirectLogCleanup(ctx context.Context, arg DirectLogCleanupParams) (DirectLogCleanupRow, error) {
+	row := q.db.QueryRow(ctx, directLogCleanup, arg.SentFrom, arg.SentBefore, arg.BatchSize)
+	var i DirectLogCleanupRow
+	err := row.Scan(&i.Deleted, &i.LastSentAt)
+	return i, err
 }
