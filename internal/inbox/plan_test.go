@@ -72,7 +72,8 @@ func TestMaintenanceReadsLittle(t *testing.T) {
 		if strings.Contains(q.sql, "advisory") || strings.Contains(q.sql, "set_config") || strings.HasPrefix(q.sql, "RESET") {
 			continue // the cleanup's lock and session settings: no table
 		}
-		read, plan := rowsRead(t, db.Pool, q, big)
+		plan := explain(t, db.Pool, q)
+		read := plan.rowsRead(big...)
 		t.Logf("%s\n%s", firstLine(q.sql), plan)
 		require.LessOrEqual(t, read, int64(1000), "%s reads %d rows of %v; plan:\n%s", firstLine(q.sql), read, big, plan)
 	}
@@ -106,43 +107,6 @@ func (r *queryRecorder) take() []recordedQuery {
 	return q
 }
 
-// rowsRead runs q under EXPLAIN ANALYZE in a transaction that is rolled
-// back, and adds up the rows that the scans of the named tables touched:
-// those they returned and those their filters threw away, over all loops.
-// It returns that sum and the plan as text, for the failure message.
-func rowsRead(t *testing.T, pool *pgxpool.Pool, q recordedQuery, tables []string) (int64, string) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	var raw []byte
-	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q.sql, q.args...).Scan(&raw))
-	var doc []struct {
-		Plan planNode `json:"Plan"`
-	}
-	require.NoError(t, json.Unmarshal(raw, &doc))
-	watched := map[string]bool{}
-	for _, tb := range tables {
-		watched[tb] = true
-	}
-	var sum int64
-	var text strings.Builder
-	var walk func(n planNode, depth int)
-	walk = func(n planNode, depth int) {
-		touched := (n.ActualRows + n.RemovedByFilter) * max(n.Loops, 1)
-		fmt.Fprintf(&text, "%s%s %s %s (rows %d, removed by filter %d)\n", strings.Repeat("  ", depth), n.Type, n.Relation, n.Index, n.ActualRows, n.RemovedByFilter)
-		if watched[n.Relation] && strings.Contains(n.Type, "Scan") {
-			sum += touched
-		}
-		for _, c := range n.Plans {
-			walk(c, depth+1)
-		}
-	}
-	walk(doc[0].Plan, 1)
-	return sum, text.String()
-}
-
 type planNode struct {
 	Type            string     `json:"Node Type"`
 	Relation        string     `json:"Relation Name"`
@@ -155,38 +119,89 @@ type planNode struct {
 	Plans           []planNode `json:"Plans"`
 }
 
-// indexBlocks runs q under EXPLAIN (ANALYZE, BUFFERS) in a transaction
-// that is rolled back, and returns how many blocks its scans of index
-// touched (the index's pages and the table's pages they fetched rows from)
-// and the plan as text. Dead entries cost blocks even though no row comes
-// of them, which rows read cannot show.
-func indexBlocks(t *testing.T, pool *pgxpool.Pool, q recordedQuery, index string) (int64, string) {
+// explain runs the last of qs under EXPLAIN (ANALYZE, BUFFERS), after the
+// settings the ones before it made (what its code sends first), in a
+// transaction that is rolled back, and returns the plan with what each
+// node did.
+func explain(t *testing.T, pool *pgxpool.Pool, qs ...recordedQuery) queryPlan {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
+	for _, q := range qs[:len(qs)-1] {
+		if strings.Contains(q.sql, "set_config") {
+			_, err := tx.Exec(ctx, strings.ReplaceAll(q.sql, ", false)", ", true)"), q.args...)
+			require.NoError(t, err)
+		}
+	}
+	q := qs[len(qs)-1]
 	var raw []byte
 	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+q.sql, q.args...).Scan(&raw))
 	var doc []struct {
 		Plan planNode `json:"Plan"`
 	}
 	require.NoError(t, json.Unmarshal(raw, &doc))
-	var sum int64
-	var text strings.Builder
+	return queryPlan{root: doc[0].Plan}
+}
+
+// queryPlan is a statement's plan as EXPLAIN ANALYZE returned it.
+type queryPlan struct{ root planNode }
+
+func (p queryPlan) walk(fn func(n planNode, depth int)) {
 	var walk func(n planNode, depth int)
 	walk = func(n planNode, depth int) {
-		fmt.Fprintf(&text, "%s%s %s %s (rows %d, blocks %d)\n", strings.Repeat("  ", depth), n.Type, n.Relation, n.Index,
-			n.ActualRows, n.SharedHit+n.SharedRead)
-		if n.Index == index {
-			sum += n.SharedHit + n.SharedRead
-		}
+		fn(n, depth)
 		for _, c := range n.Plans {
 			walk(c, depth+1)
 		}
 	}
-	walk(doc[0].Plan, 1)
-	return sum, text.String()
+	walk(p.root, 1)
+}
+
+// rowsRead adds up the rows that the scans of the named tables touched:
+// those they returned and those their filters threw away, over all loops.
+func (p queryPlan) rowsRead(tables ...string) (sum int64) {
+	p.walk(func(n planNode, _ int) {
+		if slices.Contains(tables, n.Relation) && strings.Contains(n.Type, "Scan") {
+			sum += (n.ActualRows + n.RemovedByFilter) * max(n.Loops, 1)
+		}
+	})
+	return sum
+}
+
+// sorted is the most rows any sort took in.
+func (p queryPlan) sorted() (most int64) {
+	p.walk(func(n planNode, _ int) {
+		if strings.Contains(n.Type, "Sort") {
+			for _, c := range n.Plans {
+				most = max(most, c.ActualRows*max(c.Loops, 1))
+			}
+		}
+	})
+	return most
+}
+
+// indexBlocks is how many blocks the scans of index touched: the index's
+// pages and the table's pages they fetched rows from. Dead entries cost
+// blocks even though no row comes of them, which rows read cannot show.
+func (p queryPlan) indexBlocks(index string) (sum int64) {
+	p.walk(func(n planNode, _ int) {
+		if n.Index == index {
+			sum += n.SharedHit + n.SharedRead
+		}
+	})
+	return sum
+}
+
+// String is the plan as an indented list of nodes, for failure messages.
+func (p queryPlan) String() string {
+	var b strings.Builder
+	p.walk(func(n planNode, depth int) {
+		fmt.Fprintf(&b, "%s%s %s %s (rows %d, removed by filter %d, blocks %d)\n", strings.Repeat("  ", depth),
+			n.Type, n.Relation, n.Index, n.ActualRows, n.RemovedByFilter, n.SharedHit+n.SharedRead)
+	})
+	return b.String()
 }
 
 // TestCleanupSeeksPastWhatItDeleted: a deleted marker's entry stays in
@@ -266,7 +281,8 @@ func TestCleanupSeeksPastWhatItDeleted(t *testing.T) {
 
 	load(40_001, 40_100)
 	final := batches[40]
-	fromCursor, plan := indexBlocks(t, db.Pool, final, "processed_event_cleanup_idx")
+	plan := explain(t, db.Pool, final)
+	fromCursor := plan.indexBlocks("processed_event_cleanup_idx")
 	t.Logf("from the cursor, %d blocks:\n%s", fromCursor, plan)
 	fromStart := recordedQuery{sql: final.sql, args: slices.Clone(final.args)}
 	for i, a := range fromStart.args {
@@ -277,7 +293,8 @@ func TestCleanupSeeksPastWhatItDeleted(t *testing.T) {
 			fromStart.args[i] = uuid.Nil
 		}
 	}
-	fromZero, plan := indexBlocks(t, db.Pool, fromStart, "processed_event_cleanup_idx")
+	plan = explain(t, db.Pool, fromStart)
+	fromZero := plan.indexBlocks("processed_event_cleanup_idx")
 	t.Logf("from the start, %d blocks:\n%s", fromZero, plan)
 	require.LessOrEqual(t, fromCursor, int64(30), "the batch after 40,000 deleted markers walks them")
 	require.GreaterOrEqual(t, fromZero, int64(150), "the walk from the start should cross the deleted markers' entries")
@@ -382,58 +399,12 @@ func TestHotQueriesOnAStaleBacklog(t *testing.T) {
 		q         []recordedQuery
 		maxSorted int64 // the cleanup sorts the batch it deleted to find its last marker
 	}{{"due gaps", gaps, 1}, {"cleanup", cleanup, 1000}} {
-		read, sorted, plan := planOf(t, db.Pool, c.q, []string{"inbox_aggregate", "processed_event"})
+		plan := explain(t, db.Pool, c.q...)
+		read, sorted := plan.rowsRead("inbox_aggregate", "processed_event"), plan.sorted()
 		t.Logf("%s: %s\n%s", c.name, firstLine(c.q[len(c.q)-1].sql), plan)
 		require.LessOrEqual(t, sorted, c.maxSorted, "%s sorts the backlog:\n%s", c.name, plan)
 		require.LessOrEqual(t, read, int64(2500), "%s reads the backlog:\n%s", c.name, plan)
 	}
-}
-
-// planOf runs the last of qs under EXPLAIN ANALYZE, after the ones before
-// it (the settings its code sends first), in a transaction that is rolled
-// back; it returns the rows the scans of tables touched, the most rows a
-// sort took in, and the plan as text.
-func planOf(t *testing.T, pool *pgxpool.Pool, qs []recordedQuery, tables []string) (read, sorted int64, plan string) {
-	t.Helper()
-	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	for _, q := range qs[:len(qs)-1] {
-		if strings.Contains(q.sql, "set_config") {
-			_, err := tx.Exec(ctx, strings.ReplaceAll(q.sql, ", false)", ", true)"), q.args...)
-			require.NoError(t, err)
-		}
-	}
-	q := qs[len(qs)-1]
-	var raw []byte
-	require.NoError(t, tx.QueryRow(ctx, "EXPLAIN (ANALYZE, FORMAT JSON) "+q.sql, q.args...).Scan(&raw))
-	var doc []struct {
-		Plan planNode `json:"Plan"`
-	}
-	require.NoError(t, json.Unmarshal(raw, &doc))
-	watched := map[string]bool{}
-	for _, tb := range tables {
-		watched[tb] = true
-	}
-	var text strings.Builder
-	var walk func(n planNode, depth int)
-	walk = func(n planNode, depth int) {
-		fmt.Fprintf(&text, "%s%s %s %s (rows %d, removed by filter %d)\n", strings.Repeat("  ", depth), n.Type, n.Relation, n.Index, n.ActualRows, n.RemovedByFilter)
-		if watched[n.Relation] && strings.Contains(n.Type, "Scan") {
-			read += (n.ActualRows + n.RemovedByFilter) * max(n.Loops, 1)
-		}
-		if strings.Contains(n.Type, "Sort") {
-			for _, c := range n.Plans {
-				sorted = max(sorted, c.ActualRows*max(c.Loops, 1))
-			}
-		}
-		for _, c := range n.Plans {
-			walk(c, depth+1)
-		}
-	}
-	walk(doc[0].Plan, 1)
-	return read, sorted, text.String()
 }
 
 // TestBatchPlansForTheTableAsItIs: ProcessBatch's statements, and the
