@@ -48,12 +48,7 @@ func TestMaintenanceReadsLittle(t *testing.T) {
 	require.NoError(t, err)
 
 	rec := &queryRecorder{}
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = rec
-	traced, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(traced.Close)
+	traced := tracedPool(t, db.URL, rec)
 	ib, err := inbox.New(inbox.Config{Pool: traced, GapWindow: 30 * time.Second,
 		Apply: func(context.Context, pgx.Tx, inbox.Event) error { return nil }})
 	require.NoError(t, err)
@@ -105,6 +100,19 @@ func (r *queryRecorder) take() []recordedQuery {
 	q := r.queries
 	r.queries = nil
 	return q
+}
+
+// tracedPool returns a pool on url whose statements rec records, closed
+// when the test ends.
+func tracedPool(t *testing.T, url string, rec *queryRecorder) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	require.NoError(t, err)
+	cfg.ConnConfig.Tracer = rec
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
 
 type planNode struct {
@@ -238,12 +246,7 @@ func TestCleanupSeeksPastWhatItDeleted(t *testing.T) {
 		ORDER BY processed_at DESC, event_id DESC LIMIT 1`).Scan(&lastAt, &lastID))
 
 	rec := &queryRecorder{}
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = rec
-	traced, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(traced.Close)
+	traced := tracedPool(t, db.URL, rec)
 	ib, err := inbox.New(inbox.Config{Pool: traced, GapWindow: 30 * time.Second,
 		Apply: func(context.Context, pgx.Tx, inbox.Event) error { return nil }})
 	require.NoError(t, err)
@@ -341,12 +344,7 @@ func TestHotQueriesOnAStaleBacklog(t *testing.T) {
 	loadMarkers()
 
 	rec := &queryRecorder{}
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.Tracer = rec
-	traced, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(traced.Close)
+	traced := tracedPool(t, db.URL, rec)
 	ib, err := inbox.New(inbox.Config{Pool: traced, GapWindow: 30 * time.Second,
 		Apply: func(context.Context, pgx.Tx, inbox.Event) error { return nil },
 		Fetch: func(context.Context, string, string) (inbox.Snapshot, error) {
