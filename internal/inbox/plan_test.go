@@ -212,6 +212,21 @@ func (p queryPlan) String() string {
 	return b.String()
 }
 
+// fromTheStart is a cleanup batch q with its cursor (the time and the
+// event id of the last marker deleted before it) set before every marker.
+func fromTheStart(q recordedQuery) recordedQuery {
+	first := recordedQuery{sql: q.sql, args: slices.Clone(q.args)}
+	for i, a := range first.args {
+		switch a.(type) {
+		case time.Time:
+			first.args[i] = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+		case uuid.UUID:
+			first.args[i] = uuid.Nil
+		}
+	}
+	return first
+}
+
 // TestCleanupSeeksPastWhatItDeleted: a deleted marker's entry stays in
 // processed_event_cleanup_idx until the table is vacuumed, so a cleanup
 // whose every batch walked the index from its start would step over all
@@ -287,15 +302,7 @@ func TestCleanupSeeksPastWhatItDeleted(t *testing.T) {
 	plan := explain(t, db.Pool, final)
 	fromCursor := plan.indexBlocks("processed_event_cleanup_idx")
 	t.Logf("from the cursor, %d blocks:\n%s", fromCursor, plan)
-	fromStart := recordedQuery{sql: final.sql, args: slices.Clone(final.args)}
-	for i, a := range fromStart.args {
-		switch a.(type) {
-		case time.Time:
-			fromStart.args[i] = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
-		case uuid.UUID:
-			fromStart.args[i] = uuid.Nil
-		}
-	}
+	fromStart := fromTheStart(final)
 	plan = explain(t, db.Pool, fromStart)
 	fromZero := plan.indexBlocks("processed_event_cleanup_idx")
 	t.Logf("from the start, %d blocks:\n%s", fromZero, plan)
@@ -382,16 +389,7 @@ func TestHotQueriesOnAStaleBacklog(t *testing.T) {
 	// The run's last statement starts past every marker it deleted; run
 	// again from the start of the index, it is the first batch of a new
 	// run on the backlog just loaded.
-	first := recordedQuery{sql: cleanup[len(cleanup)-1].sql, args: slices.Clone(cleanup[len(cleanup)-1].args)}
-	for i, a := range first.args {
-		switch a.(type) {
-		case time.Time:
-			first.args[i] = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
-		case uuid.UUID:
-			first.args[i] = uuid.Nil
-		}
-	}
-	cleanup[len(cleanup)-1] = first
+	cleanup[len(cleanup)-1] = fromTheStart(cleanup[len(cleanup)-1])
 	for _, c := range []struct {
 		name      string
 		q         []recordedQuery
