@@ -2,7 +2,6 @@ package notify
 
 import (
 	"context"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -184,15 +183,7 @@ func TestLedgerCleanupSeeksPastWhatItDeleted(t *testing.T) {
 
 	load(40_001, 40_100)
 	final := batches[40]
-	fromStart := pgtest.Query{SQL: final.SQL, Args: slices.Clone(final.Args)}
-	for i, a := range fromStart.Args {
-		switch a.(type) {
-		case time.Time:
-			fromStart.Args[i] = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
-		case string:
-			fromStart.Args[i] = ""
-		}
-	}
+	fromStart := pgtest.FromTheStart(final)
 	const index = "email_send_finished_cleanup_idx"
 	plan := pgtest.Explain(t, db.Pool, setting, final)
 	t.Logf("from the cursor, %d blocks:\n%s", plan.IndexBlocks(index), plan)

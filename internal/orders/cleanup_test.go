@@ -3,7 +3,6 @@ package orders
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,15 +107,7 @@ func TestKeyCleanupSeeksPastWhatItDeleted(t *testing.T) {
 
 	load(40_001, 40_100)
 	final := batches[40]
-	fromStart := pgtest.Query{SQL: final.SQL, Args: slices.Clone(final.Args)}
-	for i, a := range fromStart.Args {
-		switch a.(type) {
-		case time.Time:
-			fromStart.Args[i] = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
-		case string:
-			fromStart.Args[i] = ""
-		}
-	}
+	fromStart := pgtest.FromTheStart(final)
 	const index = "idempotency_keys_created_idx"
 	plan := pgtest.Explain(t, db.Pool, final)
 	t.Logf("from the cursor, %d blocks:\n%s", plan.IndexBlocks(index), plan)

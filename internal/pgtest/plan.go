@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -104,6 +106,23 @@ func Capture(t testing.TB, url string, fn func(ctx context.Context, tx pgx.Tx)) 
 		t.Fatalf("pgtest: Capture: fn ran no statement")
 	}
 	return queries
+}
+
+// FromTheStart returns q, a batch of a keyset cleanup, with its cursor
+// moved before every row: each time argument set to year 1 and each text
+// argument emptied. Only a statement whose time and text arguments are all
+// its cursor can be moved this way.
+func FromTheStart(q Query) Query {
+	first := Query{SQL: q.SQL, Args: slices.Clone(q.Args)}
+	for i, a := range first.Args {
+		switch a.(type) {
+		case time.Time:
+			first.Args[i] = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC)
+		case string:
+			first.Args[i] = ""
+		}
+	}
+	return first
 }
 
 // FreezeStats takes the planner's statistics of the tables now (ANALYZE)
