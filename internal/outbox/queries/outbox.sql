@@ -45,7 +45,10 @@ RETURNING event_id, publish_mode, created_at;
 -- epoch in the confirm's fence is what makes a read under a lost
 -- partition harmless (R2). in_flight lists the events the relay is still
 -- sending, read by the previous batch and not yet settled; they are still
--- pending, and reading them again would send them twice.
+-- pending, and reading them again would send them twice. The relay lists
+-- only those due at or after read_floor, the only ones this read can reach
+-- (claim.go, readFrom): each row the read walks is compared with every id
+-- in the list.
 --
 -- Due: pending, next_attempt_at reached (backoff is stored in the row, so
 -- it holds for every relay, R4), and not leased per row by a relay of the

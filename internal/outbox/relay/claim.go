@@ -29,21 +29,7 @@ func (r *Relay) claim(ctx context.Context, inFlight [2][]leased) ([]leased, erro
 	for p := range epochs {
 		parts = append(parts, p)
 	}
-	skip := make([]uuid.UUID, 0, len(inFlight[0])+len(inFlight[1]))
-	for _, rows := range inFlight {
-		for i := range rows {
-			skip = append(skip, rows[i].EventID)
-			// Beside deliveries (a backlog), the read starts at the latest
-			// row in flight rather than at the upkeep's floor. What it
-			// passes over is in flight, or versions that rows in flight
-			// hold back (the strict guard would skip them anyway), or rows
-			// that became due there since: all pending, so the next
-			// upkeep's floor, within about a second, is at or below them,
-			// and the drain that follows it, with nothing in flight, reads
-			// from there.
-			floor = later(floor, rows[i].NextAttemptAt)
-		}
-	}
+	floor, skip := readFrom(floor, inFlight)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
 	rows, err := outboxdb.OutboxReadInIndexOrder(cctx, r.cfg.Pool, outboxdb.OutboxReadParams{
@@ -57,6 +43,48 @@ func (r *Relay) claim(ctx context.Context, inFlight [2][]leased) ([]leased, erro
 		return nil, fmt.Errorf("read outbox batch: %w", err)
 	}
 	return readBatch(rows, epochs), nil
+}
+
+// readFrom returns where a read beside the batches in flight starts, and
+// the rows in flight it must skip.
+//
+// Beside deliveries (a backlog), the read starts at the latest row in
+// flight rather than at the upkeep's floor. What it passes over is in
+// flight, or versions that rows in flight hold back (the strict guard
+// would skip them anyway), or rows that became due there since: all
+// pending, so the next upkeep's floor, within about a second, is at or
+// below them, and the drain that follows it, with nothing in flight, reads
+// from there.
+//
+// Only the rows in flight at that start can be read again, so only they
+// are skipped: under a backlog, the few that share the latest due time.
+// The database checks each row the read walks against every id in the
+// list, one by one: in the generic plan that a prepared statement settles
+// on, the list is a parameter, which it does not hash. Passing every row
+// in flight, up to two batches, made a read at batch 500 cost about half
+// a million comparisons. The due time of a row in
+// flight is this relay's to change, by the release that settles it. That
+// release may commit while the read runs; a row it makes due again at once
+// (next_attempt_at = now(), after the start) is then read again, as the
+// next read would read it, and sent as the retry it is.
+//
+// The list is never nil: pgx sends a nil slice as NULL, and a NULL list
+// would make the read's NOT (event_id = ANY (...)) false for every row.
+func readFrom(floor time.Time, inFlight [2][]leased) (time.Time, []uuid.UUID) {
+	for _, rows := range inFlight {
+		for i := range rows {
+			floor = later(floor, rows[i].NextAttemptAt)
+		}
+	}
+	skip := []uuid.UUID{}
+	for _, rows := range inFlight {
+		for i := range rows {
+			if !rows[i].NextAttemptAt.Before(floor) {
+				skip = append(skip, rows[i].EventID)
+			}
+		}
+	}
+	return floor, skip
 }
 
 // later returns the later of a and b.
