@@ -62,11 +62,13 @@ func (r *Relay) claim(ctx context.Context, inFlight [2][]leased) ([]leased, erro
 // list, one by one: in the generic plan that a prepared statement settles
 // on, the list is a parameter, which it does not hash. Passing every row
 // in flight, up to two batches, made a read at batch 500 cost about half
-// a million comparisons. The due time of a row in
-// flight is this relay's to change, by the release that settles it. That
-// release may commit while the read runs; a row it makes due again at once
-// (next_attempt_at = now(), after the start) is then read again, as the
-// next read would read it, and sent as the retry it is.
+// a million comparisons.
+//
+// The due time of a row in flight is this relay's to change, by the
+// release that settles it. That release may commit while the read runs; a
+// row it makes due again at once (next_attempt_at = now(), after the
+// start) is then read again, as the next read would read it, and sent as
+// the retry it is.
 //
 // The list is never nil: pgx sends a nil slice as NULL, and a NULL list
 // would make the read's NOT (event_id = ANY (...)) false for every row.
