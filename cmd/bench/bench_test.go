@@ -113,6 +113,7 @@ func TestParseArgs(t *testing.T) {
 	assert.Equal(t, 1000000, o.RecoveryBacklog)
 	assert.Equal(t, defaultRelayBatch, o.batchSize())
 	assert.Equal(t, []int{defaultRelayBatch, 500}, o.relayBatches())
+	assert.True(t, o.Watermill, "the relay scenario drains with Watermill too unless told not to")
 
 	o, err = parseArgs([]string{"-tiny", "-backlog", "1000", "notifier", "relay", "relay"}, io.Discard)
 	require.NoError(t, err)

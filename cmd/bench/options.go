@@ -21,8 +21,9 @@ type options struct {
 	JSONFile   string
 	Tiny       bool
 	KeepLogs   bool
-	RelayBatch int // RELAY_BATCH_SIZE for the relay and its SQL references; 0: the service's default
-	Senders    int // EMAIL_SENDERS for every notifier serve; 0: the service's default
+	RelayBatch int  // RELAY_BATCH_SIZE for the relay and its SQL references; 0: the service's default
+	Senders    int  // EMAIL_SENDERS for every notifier serve; 0: the service's default
+	Watermill  bool // relay: also drain with Watermill's Forwarder
 
 	Backlog         int
 	APIDuration     time.Duration
@@ -62,6 +63,7 @@ func parseArgs(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.KeepLogs, "keep-logs", false, "keep the temporary directory with the binaries and the processes' logs")
 	fs.IntVar(&o.RelayBatch, "relay-batch", 0, "RELAY_BATCH_SIZE for the relay and the SQL references (0: the service's default)")
 	fs.IntVar(&o.Senders, "email-senders", 0, "EMAIL_SENDERS for notifier serve in every scenario (0: the service's default)")
+	fs.BoolVar(&o.Watermill, "watermill", true, "relay: also drain the backlog with Watermill's SQL Forwarder, the reference of the relay's ≥ 8× target (false: skip it, for quick comparisons of the relay alone)")
 	fs.IntVar(&o.Backlog, "backlog", 200000, "relay: committed events in the backlog")
 	fs.DurationVar(&o.APIDuration, "api-duration", 30*time.Second, "api: duration of each load run")
 	fs.IntVar(&o.Conns, "conns", 32, "api: concurrent connections")

@@ -95,6 +95,9 @@ func (b *bench) relayScenario(ctx context.Context) error {
 		}
 	}
 
+	if !b.opts.Watermill {
+		return nil
+	}
 	wmRate, err := b.watermillReference(ctx, sc, src, n)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -14,41 +15,72 @@ import (
 )
 
 // claim reads up to BatchSize due rows of the partitions the relay owns
-// (R1), skipping those of inFlight, the batch still being sent. It writes
+// (R1), skipping those of sending, the batch with the broker. It writes
 // nothing: the partition leases are what keep other relays away from
 // these rows, and each row carries the epoch of its partition, which
 // fences its confirm. It reads nothing while the relay owns no partition,
 // or when its leases might end before a send started now would (R5a).
-func (r *Relay) claim(ctx context.Context, inFlight [2][]leased) ([]leased, error) {
+//
+// answered, if not nil, is the batch the broker answered last, which
+// claim settles first. When the broker acknowledged every row of it, its
+// confirm goes in the read's round trip and transaction
+// (outboxdb.OutboxConfirmThenRead), and the read sees its rows as
+// delivered. Otherwise it is settled on its own before the read, so that
+// the rows it releases are not read again before their backoff.
+func (r *Relay) claim(ctx context.Context, answered *sendResult, sending []leased) ([]leased, error) {
+	if answered != nil && slices.ContainsFunc(answered.outcomes, func(o outcome) bool { return o.Err != nil }) {
+		if _, err := r.confirm(*answered, nil); err != nil {
+			return nil, err
+		}
+		answered = nil
+	}
 	start := time.Now()
 	epochs, floor, ok := r.own.snapshot(start.Add(r.cfg.ProduceTimeout))
 	if !ok {
+		if answered != nil {
+			_, err := r.confirm(*answered, nil)
+			return nil, err
+		}
 		return nil, nil
 	}
 	parts := make([]int32, 0, len(epochs))
 	for p := range epochs {
 		parts = append(parts, p)
 	}
-	floor, skip := readFrom(floor, inFlight)
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
-	defer cancel()
-	rows, err := outboxdb.OutboxReadInIndexOrder(cctx, r.cfg.Pool, outboxdb.OutboxReadParams{
+	floor, skip := readFrom(floor, sending)
+	read := outboxdb.OutboxReadParams{
 		Partitions:       parts,
 		ReadFloor:        floor,
 		InFlight:         skip,
 		IndependentTypes: r.types.Independent(),
 		BatchSize:        int32(r.cfg.BatchSize),
-	})
+	}
+	if answered != nil {
+		rows, err := r.confirm(*answered, &read)
+		if err != nil {
+			return nil, err
+		}
+		if _, _, ok := r.own.snapshot(start); !ok {
+			// The confirm found a partition taken over (settle): send
+			// nothing read under the old epochs until maintain has
+			// found out which partitions are still the relay's.
+			return nil, nil
+		}
+		return readBatch(rows, epochs), nil
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
+	rows, err := outboxdb.OutboxReadInIndexOrder(cctx, r.cfg.Pool, read)
 	if err != nil {
 		return nil, fmt.Errorf("read outbox batch: %w", err)
 	}
 	return readBatch(rows, epochs), nil
 }
 
-// readFrom returns where a read beside the batches in flight starts, and
-// the rows in flight it must skip.
+// readFrom returns where a read beside sending, the batch with the
+// broker, starts, and the rows of it the read must skip.
 //
-// Beside deliveries (a backlog), the read starts at the latest row in
+// Beside a delivery (a backlog), the read starts at the latest row in
 // flight rather than at the upkeep's floor. What it passes over is in
 // flight, or versions that rows in flight hold back (the strict guard
 // would skip them anyway), or rows that became due there since: all
@@ -61,29 +93,20 @@ func (r *Relay) claim(ctx context.Context, inFlight [2][]leased) ([]leased, erro
 // The database checks each row the read walks against every id in the
 // list, one by one: in the generic plan that a prepared statement settles
 // on, the list is a parameter, which it does not hash. Passing every row
-// in flight, up to two batches, made a read at batch 500 cost about half
-// a million comparisons.
-//
-// The due time of a row in flight is this relay's to change, by the
-// release that settles it. That release may commit while the read runs; a
-// row it makes due again at once (next_attempt_at = now(), after the
-// start) is then read again, as the next read would read it, and sent as
-// the retry it is.
+// in flight made a read at batch 500 cost hundreds of thousands of
+// comparisons. The due time of a row in flight changes only when its batch
+// is settled, after the broker answered it, and so never during this read.
 //
 // The list is never nil: pgx sends a nil slice as NULL, and a NULL list
 // would make the read's NOT (event_id = ANY (...)) false for every row.
-func readFrom(floor time.Time, inFlight [2][]leased) (time.Time, []uuid.UUID) {
-	for _, rows := range inFlight {
-		for i := range rows {
-			floor = later(floor, rows[i].NextAttemptAt)
-		}
+func readFrom(floor time.Time, sending []leased) (time.Time, []uuid.UUID) {
+	for i := range sending {
+		floor = later(floor, sending[i].NextAttemptAt)
 	}
 	skip := []uuid.UUID{}
-	for _, rows := range inFlight {
-		for i := range rows {
-			if !rows[i].NextAttemptAt.Before(floor) {
-				skip = append(skip, rows[i].EventID)
-			}
+	for i := range sending {
+		if !sending[i].NextAttemptAt.Before(floor) {
+			skip = append(skip, sending[i].EventID)
 		}
 	}
 	return floor, skip
@@ -132,8 +155,10 @@ func readBatch(rows []outboxdb.OutboxReadRow, epochs map[int32]int64) []leased {
 // settle writes the outcome of one batch: a confirm of every acknowledged
 // row (R2) and a release of every other row, retried or parked (R3-R5),
 // both fenced by the epochs of the batch's partitions. It returns the
-// claims whose confirm matched.
-func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome) ([]claim, error) {
+// claims whose confirm matched. With read set (claim sets it only when
+// every row was acknowledged), the next batch is read in the confirm's
+// round trip, and its rows are returned too.
+func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome, read *outboxdb.OutboxReadParams) ([]claim, []outboxdb.OutboxReadRow, error) {
 	confirm := outboxdb.OutboxConfirmParams{
 		Owner: r.cfg.Owner, FencePartitions: f.partitions, FenceEpochs: f.epochs,
 		EventIDs:   make([]uuid.UUID, 0, len(outcomes)),
@@ -170,6 +195,7 @@ func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome) ([]clai
 
 	q := outboxdb.New(r.cfg.Pool)
 	var confirmed []claim
+	var rows []outboxdb.OutboxReadRow
 	var errs []error
 	lost := false
 	defer func() {
@@ -193,14 +219,25 @@ func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome) ([]clai
 		// The taking of partitions commits durably (see maintain), and the
 		// business transaction that writes the rows keeps the server's setting:
 		// an event that was acknowledged to the caller must not vanish.
+		//
+		// With a read, the read's transaction is the confirm's: if the
+		// read fails, so does the confirm.
 		err := retrySafe(ctx, func() (err error) {
-			ids, err = outboxdb.OutboxConfirmRelaxed(ctx, r.cfg.Pool, confirm)
+			if read != nil {
+				ids, rows, err = outboxdb.OutboxConfirmThenRead(ctx, r.cfg.Pool, confirm, *read)
+			} else {
+				ids, err = outboxdb.OutboxConfirmRelaxed(ctx, r.cfg.Pool, confirm)
+			}
 			return err
 		})
 		if err != nil {
 			// The rows stay pending and are read and sent again: a
 			// duplicate, never a loss.
-			errs = append(errs, fmt.Errorf("confirm %d delivered outbox events: %w", len(confirm.EventIDs), err))
+			what := "confirm %d delivered outbox events: %w"
+			if read != nil {
+				what = "confirm %d delivered outbox events and read the next batch: %w"
+			}
+			errs = append(errs, fmt.Errorf(what, len(confirm.EventIDs), err))
 		} else {
 			matched := make(map[uuid.UUID]bool, len(ids))
 			for _, id := range ids {
@@ -239,9 +276,9 @@ func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome) ([]clai
 		}
 	}
 	if len(errs) > 0 {
-		return confirmed, fmt.Errorf("settle outbox batch: %w", errors.Join(errs...))
+		return confirmed, nil, fmt.Errorf("settle outbox batch: %w", errors.Join(errs...))
 	}
-	return confirmed, nil
+	return confirmed, rows, nil
 }
 
 // logFailures logs parked events one by one (they need an operator) and

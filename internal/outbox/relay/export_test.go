@@ -73,7 +73,7 @@ func (r *Relay) ClaimAndConfirm(ctx context.Context) (int, error) {
 			return 0, err
 		}
 	}
-	batch, err := r.claim(ctx, [2][]leased{})
+	batch, err := r.claim(ctx, nil, nil)
 	if err != nil || len(batch) == 0 {
 		return 0, err
 	}
@@ -82,7 +82,7 @@ func (r *Relay) ClaimAndConfirm(ctx context.Context) (int, error) {
 		outcomes[i].claim = batch[i].claim
 		outcomes[i].Partition, outcomes[i].Offset = int32(i%6), int64(i)
 	}
-	confirmed, err := r.settle(ctx, fenceOf(claimsOf(batch)), outcomes)
+	confirmed, _, err := r.settle(ctx, fenceOf(claimsOf(batch)), outcomes, nil)
 	if err == nil && len(confirmed) != len(batch) {
 		err = fmt.Errorf("confirmed %d of %d read rows", len(confirmed), len(batch))
 	}

@@ -68,6 +68,7 @@ import (
 	"github.com/outboxref/orders/internal/outbox/cloudevents"
 	"github.com/outboxref/orders/internal/outbox/internal/direct"
 	"github.com/outboxref/orders/internal/outbox/internal/eventtypes"
+	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 	"github.com/outboxref/orders/internal/outbox/internal/w3c"
 )
 
@@ -420,18 +421,24 @@ type leased struct {
 // once rather than after the poll interval. It returns once nothing is in
 // flight, at the latest when the partitions' upkeep (maintain) is due.
 //
-// Under a backlog the batches move through three stages that work at the
-// same time: while one batch is read, the one before it is with the
-// broker and the one before that is confirmed (pipeline, below). A batch
-// goes to the broker only once the previous one was answered, and to its
-// confirm only once the previous confirm is done, so at most three batches
-// are in flight, one per stage. Strict order holds without any further
-// care: a read skips the rows in flight, and sees them as pending, hence
-// undelivered, so the strict guard keeps the later versions of their
-// aggregates out of it. Such a read starts at the latest row in flight
-// (claim), so those versions wait for a read from the floor: the first
-// drain after the next upkeep, or the one that follows this drain at once,
-// since a read that ran beside a delivery asks for another.
+// Under a backlog two stages work at the same time: while one batch is
+// with the broker (in a goroutine, broker below), the drain confirms the
+// batch before it and reads the batch after it, in one round trip and one
+// implicit transaction (claim). So the database runs one statement of the
+// relay's at a time, and the broker's round trip overlaps it. At most two
+// batches are in flight: the one with the broker and the one read to go
+// next. Strict order holds without any further care. The read sees the
+// rows it confirmed as delivered, so the strict guard lets their later
+// versions through; it skips the rows with the broker, and sees them as
+// pending, hence undelivered, so the guard keeps the later versions of
+// their aggregates out of it. Such a read starts at the latest row in
+// flight (readFrom), so those versions wait for a read from the floor:
+// the first drain after the next upkeep, or the one that follows this
+// drain at once, since a read that ran beside a delivery asks for another.
+//
+// A batch with a row the broker did not acknowledge is settled on its own,
+// before the read: its release must commit before a read that could
+// otherwise take the released row again.
 //
 // A batch keeps the produce deadline of its own read (R5a), so the time it
 // waits for the batch ahead of it comes out of its sending time: a broker
@@ -439,35 +446,59 @@ type leased struct {
 // out of time are retried after backoff like any unanswered send. A
 // healthy broker answers in milliseconds, far inside the deadline.
 func (r *Relay) drain(ctx context.Context, cl *kgo.Client) (again bool, err error) {
-	p := pipeline{r: r, cl: cl}
+	b := broker{r: r, cl: cl}
+	var (
+		next    []leased  // read, not yet sent
+		nextAt  time.Time // when next's read began
+		reading = true
+		errs    []error
+	)
 	for {
-		start := time.Now()
-		overlapped := p.busy() // this read runs beside deliveries
-		batch, n, err := r.prepare(ctx, p.inFlight())
-		switch {
-		case isCrash(err):
-			p.wait()
-			return false, err
-		case err != nil:
-			return false, errors.Join(err, p.finish(ctx))
-		case n == 0:
-			return overlapped, p.finish(ctx)
+		answered := b.wait()
+		if answered != nil && isCrash(answered.err) {
+			return false, answered.err // a simulated crash: nothing is confirmed
 		}
-		err = p.push(ctx, start, batch)
+		if len(next) > 0 {
+			b.start(ctx, nextAt, next)
+			next = nil
+		}
+		if ctx.Err() != nil {
+			reading = false
+		}
+		if !reading {
+			// No backlog, stopping, the partitions' upkeep is due, or an
+			// error: deliver what is in flight and read nothing more.
+			if answered == nil {
+				if b.busy() {
+					continue
+				}
+				return again, errors.Join(errs...)
+			}
+			if _, err := r.confirm(*answered, nil); err != nil {
+				if isCrash(err) {
+					b.wait()
+					return false, err
+				}
+				errs = append(errs, err)
+			}
+			continue
+		}
+		nextAt = time.Now()
+		overlapped := b.busy() || answered != nil // this read runs beside deliveries
+		batch, n, err := r.prepare(ctx, answered, b.rows)
 		if isCrash(err) {
-			return false, err // a simulated crash: what was read is left unsent, as it would be
+			b.wait()
+			return false, err // what was read is left unsent, as it would be
 		}
-		if n < r.cfg.BatchSize || ctx.Err() != nil || r.own.due(time.Now()) {
-			// No backlog, stopping, or the partitions' upkeep is due:
-			// deliver what is in flight and read nothing more. After a
-			// full batch, read again at once (Run heeds that only when
-			// err is nil).
-			return overlapped || n == r.cfg.BatchSize, errors.Join(err, p.finish(ctx))
-		}
-		if err != nil {
-			// The batches behind the one that failed are delivered all
-			// the same.
-			r.log.ErrorContext(ctx, "outbox relay cycle failed", "error", err)
+		next = batch
+		switch {
+		case err != nil:
+			// What is in flight is delivered all the same.
+			errs, reading = append(errs, err), false
+		case n < r.cfg.BatchSize || ctx.Err() != nil || r.own.due(time.Now()):
+			// After a full batch, read again at once (Run heeds that
+			// only when err is nil).
+			again, reading = overlapped || n == r.cfg.BatchSize, false
 		}
 	}
 }
@@ -479,17 +510,15 @@ func isCrash(err error) bool {
 	return errors.As(err, &he)
 }
 
-// pipeline holds the batches a drain has in flight behind the one being
-// read: at most one with the broker and one being confirmed, each in its
-// own goroutine.
-type pipeline struct {
+// broker is a drain's stage that has one batch with the broker, in a
+// goroutine of its own, while the drain confirms the batch before it and
+// reads the one after it.
+type broker struct {
 	r  *Relay
 	cl *kgo.Client
 
-	sending  chan sendResult // answers once the batch with the broker is answered; nil when none
-	sendRows []leased
-	settling chan error // answers once the batch being confirmed is settled; nil when none
-	settled  []leased
+	done chan sendResult // answers once the batch with the broker is answered; nil when none
+	rows []leased        // the batch with the broker, which a read skips
 }
 
 // sendResult is a batch the broker answered, on its way to its confirm.
@@ -500,79 +529,31 @@ type sendResult struct {
 	err      error // a hook's only
 }
 
-func (p *pipeline) busy() bool { return p.sending != nil || p.settling != nil }
+func (b *broker) busy() bool { return b.done != nil }
 
-// inFlight returns the rows of the batches in flight, which a read skips:
-// the batch with the broker and the batch being confirmed.
-func (p *pipeline) inFlight() [2][]leased {
-	return [2][]leased{p.sendRows, p.settled}
+// start hands batch, read at start, to the broker. The stage must be free.
+func (b *broker) start(ctx context.Context, start time.Time, batch []leased) {
+	done := make(chan sendResult, 1)
+	b.done, b.rows = done, batch
+	go func() { done <- b.r.send(ctx, b.cl, start, batch) }()
 }
 
-// wait waits for the stages in flight to finish, and returns what the
-// broker stage answered and the confirm's error.
-func (p *pipeline) wait() (sendResult, error) {
-	var s sendResult
-	var err error
-	if p.sending != nil {
-		s = <-p.sending
-		p.sending, p.sendRows = nil, nil
+// wait waits for the batch with the broker and returns what the broker
+// answered for it, or nil when no batch was with the broker.
+func (b *broker) wait() *sendResult {
+	if b.done == nil {
+		return nil
 	}
-	if p.settling != nil {
-		err = <-p.settling
-		p.settling, p.settled = nil, nil
-	}
-	return s, err
+	s := <-b.done
+	b.done, b.rows = nil, nil
+	return &s
 }
 
-// push moves every batch one stage on, once both stages are free: the
-// batch the broker answered goes to its confirm, and batch, read at start,
-// goes to the broker. It returns the error of the confirm that finished.
-// A hook's error (a simulated crash) is returned at once, with no stage
-// started.
-func (p *pipeline) push(ctx context.Context, start time.Time, batch []leased) error {
-	s, err := p.wait()
-	if isCrash(s.err) {
-		return s.err
-	}
-	if isCrash(err) {
-		if s.ctx != nil {
-			trace.SpanFromContext(s.ctx).End()
-		}
-		return err
-	}
-	if s.ctx != nil {
-		done := make(chan error, 1)
-		p.settling, p.settled = done, s.batch
-		go func() { done <- p.r.confirm(s) }()
-	}
-	if len(batch) > 0 {
-		done := make(chan sendResult, 1)
-		p.sending, p.sendRows = done, batch
-		go func() { done <- p.r.send(ctx, p.cl, start, batch) }()
-	}
-	return err
-}
-
-// finish delivers every batch in flight and returns the errors of their
-// confirms.
-func (p *pipeline) finish(ctx context.Context) error {
-	var errs []error
-	for p.busy() {
-		err := p.push(ctx, time.Time{}, nil)
-		if isCrash(err) {
-			return err
-		}
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// prepare reads one batch, skipping the rows of inFlight, and settles its
+// prepare confirms answered, if not nil, and reads the next batch, skipping
+// sending, the batch with the broker (claim); then it settles the batch's
 // shadow rows (O7). It returns the rows to send and how many rows it read.
-func (r *Relay) prepare(ctx context.Context, inFlight [2][]leased) (batch []leased, n int, err error) {
-	batch, err = r.claim(ctx, inFlight)
+func (r *Relay) prepare(ctx context.Context, answered *sendResult, sending []leased) (batch []leased, n int, err error) {
+	batch, err = r.claim(ctx, answered, sending)
 	r.rounds.Add(1)
 	if err != nil || len(batch) == 0 {
 		return nil, 0, err
@@ -601,18 +582,20 @@ func (r *Relay) send(ctx context.Context, cl *kgo.Client, start time.Time, batch
 	return sendResult{ctx: ctx, batch: batch, outcomes: outcomes}
 }
 
-// confirm settles one batch the broker answered and ends its span.
-func (r *Relay) confirm(s sendResult) error {
+// confirm settles one batch the broker answered and ends its span. With
+// read set, the next batch is read in the confirm's round trip, and its
+// rows are returned.
+func (r *Relay) confirm(s sendResult, read *outboxdb.OutboxReadParams) ([]outboxdb.OutboxReadRow, error) {
 	defer trace.SpanFromContext(s.ctx).End()
 	// Settling must happen even when the relay is stopping: it is what
 	// hands the rows over to a successor.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(s.ctx), dbTimeout)
 	defer cancel()
-	confirmed, err := r.settle(sctx, fenceOf(claimsOf(s.batch)), s.outcomes)
+	confirmed, rows, err := r.settle(sctx, fenceOf(claimsOf(s.batch)), s.outcomes, read)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	return r.afterConfirm(s.ctx, confirmed)
+	return rows, r.afterConfirm(s.ctx, confirmed)
 }
 
 // shadow compares and settles the claimed rows written in shadow mode,

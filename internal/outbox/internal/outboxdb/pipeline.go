@@ -2,6 +2,7 @@ package outboxdb
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -45,27 +46,110 @@ func OutboxConfirmRelaxed(ctx context.Context, db Batcher, arg OutboxConfirmPara
 	return New(Prefixed{DB: db, Setting: RelaxedCommit}).OutboxConfirm(ctx, arg)
 }
 
+// OutboxConfirmThenRead runs OutboxConfirmRelaxed and then
+// OutboxReadInIndexOrder in one round trip. All of it is one implicit
+// transaction: the read sees the rows just confirmed as delivered, a
+// failure anywhere undoes the confirm, and the commit does not wait for
+// the WAL flush, as the confirm's own would not (the read writes nothing).
+// The ids confirmed count only when err is nil.
+func OutboxConfirmThenRead(ctx context.Context, db Batcher, confirm OutboxConfirmParams, read OutboxReadParams) ([]uuid.UUID, []OutboxReadRow, error) {
+	var rec recorder
+	_, _ = New(&rec).OutboxConfirm(ctx, confirm)
+	var ids []uuid.UUID
+	rows, err := New(Prefixed{DB: db, Setting: ClaimInIndexOrder, Ahead: []Statement{
+		{SQL: RelaxedCommit},
+		{SQL: rec.sql, Args: rec.args, Rows: func(rows pgx.Rows) (err error) {
+			ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+			return err
+		}},
+	}}).OutboxRead(ctx, read)
+	if err != nil {
+		return nil, nil, err
+	}
+	return ids, rows, nil
+}
+
 // Prefixed is a DBTX that sends Setting ahead of each statement, in one
 // batch and so in one implicit transaction, for the generated queries to
-// run unchanged. The batch's commit happens at its end, after the
-// statement's rows: its outcome (a failed commit means nothing the
-// statement did happened) is reported by the rows' Err, by Exec, and by
-// QueryRow's Scan.
+// run unchanged. Ahead, if set, goes first in the same batch. The batch's
+// commit happens at its end, after the statement's rows: its outcome (a
+// failed commit means nothing the batch did happened) is reported by the
+// rows' Err, by Exec, and by QueryRow's Scan.
 type Prefixed struct {
 	DB      Batcher
 	Setting string
+	Ahead   []Statement
+}
+
+// Statement is one statement of a batch. Rows, if set, reads what it
+// returns; otherwise its rows are discarded.
+type Statement struct {
+	SQL  string
+	Args []any
+	Rows func(pgx.Rows) error
 }
 
 func (p Prefixed) send(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
+	for _, st := range p.Ahead {
+		b.Queue(st.SQL, st.Args...)
+	}
 	b.Queue(p.Setting)
 	b.Queue(sql, args...)
 	br := p.DB.SendBatch(ctx, b)
+	for _, st := range p.Ahead {
+		if err := st.read(br); err != nil {
+			_ = br.Close()
+			return nil, err
+		}
+	}
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
 		return nil, err
 	}
 	return br, nil
+}
+
+func (st Statement) read(br pgx.BatchResults) error {
+	if st.Rows == nil {
+		_, err := br.Exec()
+		return err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	if err := st.Rows(rows); err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+// recorder is a DBTX that runs nothing: it keeps the statement and the
+// arguments a generated query passes it, for a batch to send them later
+// in the order the generated code gives them.
+type recorder struct {
+	sql  string
+	args []any
+}
+
+var errRecorded = errors.New("outboxdb: statement recorded, not run")
+
+func (r *recorder) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	r.sql, r.args = sql, args
+	return pgconn.CommandTag{}, errRecorded
+}
+
+func (r *recorder) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	r.sql, r.args = sql, args
+	return nil, errRecorded
+}
+
+func (r *recorder) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	r.sql, r.args = sql, args
+	return batchRow{err: errRecorded}
 }
 
 // Exec runs a statement that returns no rows.

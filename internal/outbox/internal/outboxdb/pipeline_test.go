@@ -69,3 +69,37 @@ func TestPrefixed(t *testing.T) {
 	require.NoError(t, p.QueryRow(ctx, "SELECT id FROM prefixed_parent WHERE id = 7").Scan(&id))
 	require.Equal(t, 7, id)
 }
+
+// TestPrefixedAhead: statements queued ahead run first in the same
+// transaction, so the statement sees what they wrote, their rows reach
+// their reader, and a failure of the statement undoes them.
+func TestPrefixedAhead(t *testing.T) {
+	t.Parallel()
+	db := outboxtest.NewDB(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, "CREATE TABLE ahead (id int PRIMARY KEY)")
+	require.NoError(t, err)
+	var wrote []int
+	p := func(ids ...int) outboxdb.Prefixed {
+		return outboxdb.Prefixed{DB: db.Pool, Setting: "SELECT set_config('enable_sort', 'off', true)", Ahead: []outboxdb.Statement{{
+			SQL: "INSERT INTO ahead SELECT unnest($1::int[]) RETURNING id", Args: []any{ids},
+			Rows: func(rows pgx.Rows) (err error) {
+				wrote, err = pgx.CollectRows(rows, pgx.RowTo[int])
+				return err
+			},
+		}}}
+	}
+
+	var seen int
+	require.NoError(t, p(1, 2).QueryRow(ctx, "SELECT count(*) FROM ahead").Scan(&seen))
+	require.Equal(t, 2, seen, "the statement sees what the statement ahead of it wrote")
+	require.ElementsMatch(t, []int{1, 2}, wrote, "the rows of the statement ahead reach its reader")
+
+	err = p(3).QueryRow(ctx, "SELECT 1 / 0").Scan(&seen)
+	require.ErrorContains(t, err, "division by zero")
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM ahead").Scan(&seen))
+	require.Equal(t, 2, seen, "a failed statement undoes the ones ahead of it")
+
+	err = p(1).QueryRow(ctx, "SELECT 1").Scan(&seen)
+	require.ErrorContains(t, err, "ahead_pkey", "an error of a statement ahead is reported")
+}

@@ -22,12 +22,20 @@ import (
 
 const owner = "bench-sql-loop"
 
+// DB is what Drain runs on: a connection of the outbox's database (a
+// *pgxpool.Conn, a *pgx.Conn) or a transaction in it.
+type DB interface {
+	outboxdb.DBTX
+	outboxdb.Batcher
+}
+
 // Drain takes every free partition, reads and confirms batches of at most
 // batch rows on db until a read comes back empty, treating every event
 // type as strictly ordered, gives the partitions back and returns how many
-// rows it confirmed. db is a connection or a transaction of the outbox's
-// database (a *pgxpool.Conn, a pgx.Tx).
-func Drain(ctx context.Context, db outboxdb.DBTX, batch int) (n int, err error) {
+// rows it confirmed. Like the relay under a backlog, it confirms each
+// batch in the round trip that reads the next one
+// (outboxdb.OutboxConfirmThenRead).
+func Drain(ctx context.Context, db DB, batch int) (n int, err error) {
 	q := outboxdb.New(db)
 	owned, err := q.RelayPartitionsAcquire(ctx, outboxdb.RelayPartitionsAcquireParams{
 		Owner: owner, LeaseSeconds: 3600, MaxPartitions: 1 << 20,
@@ -52,6 +60,7 @@ func Drain(ctx context.Context, db outboxdb.DBTX, batch int) (n int, err error) 
 		offset    int64
 		floor     time.Time
 		nextFloor time.Time
+		confirm   *outboxdb.OutboxConfirmParams // the batch read last, to confirm with the next read
 	)
 	for {
 		if now := time.Now(); !now.Before(nextFloor) {
@@ -63,11 +72,22 @@ func Drain(ctx context.Context, db outboxdb.DBTX, batch int) (n int, err error) 
 			}
 			nextFloor = now.Add(time.Second)
 		}
-		rows, err := q.OutboxRead(ctx, outboxdb.OutboxReadParams{
+		read := outboxdb.OutboxReadParams{
 			Partitions: fence.FencePartitions, ReadFloor: floor, InFlight: []uuid.UUID{}, IndependentTypes: []string{}, BatchSize: int32(batch),
-		})
-		if err != nil {
-			return n, fmt.Errorf("read: %w", err)
+		}
+		var rows []outboxdb.OutboxReadRow
+		if confirm == nil {
+			rows, err = outboxdb.OutboxReadInIndexOrder(ctx, db, read)
+			if err != nil {
+				return n, fmt.Errorf("read: %w", err)
+			}
+		} else {
+			var done []uuid.UUID
+			done, rows, err = outboxdb.OutboxConfirmThenRead(ctx, db, *confirm, read)
+			if err != nil {
+				return n, fmt.Errorf("confirm and read: %w", err)
+			}
+			n += len(done)
 		}
 		if len(rows) == 0 {
 			return n, nil
@@ -80,10 +100,6 @@ func Drain(ctx context.Context, db outboxdb.DBTX, batch int) (n int, err error) 
 			p.Offsets = append(p.Offsets, offset)
 			offset++
 		}
-		done, err := q.OutboxConfirm(ctx, p)
-		if err != nil {
-			return n, fmt.Errorf("confirm: %w", err)
-		}
-		n += len(done)
+		confirm = &p
 	}
 }
