@@ -163,7 +163,7 @@ func (b *bench) relayAtBatch(ctx context.Context, sc, src string, n, batch int) 
 	label := fmt.Sprintf("batch %d", batch)
 	b.rep.add(result{Scenario: sc, Figure: fmt.Sprintf("orders relay drain, %d events, %s", n, label), Value: relayRate, Unit: "events/s",
 		Reference: "claim/confirm SQL loop", RefValue: loopRate, Target: "ratio >= 0.9",
-		Note: "relay: from starting `orders relay` to the last delivered_at; SQL loop: the relay's own statements (every partition taken, then OutboxRead and OutboxConfirm fenced by the partitions' epochs) on one connection, " + label + ", no broker"})
+		Note: "relay: from starting `orders relay` to the last delivered_at; SQL loop: the relay's own statements (every partition taken, then OutboxRead, and OutboxConfirm fenced by the partitions' epochs sent in the round trip of the next read, as the relay sends it under a backlog) on one connection, " + label + ", no broker"})
 	b.rep.add(result{Scenario: sc, Figure: "claim/confirm SQL loop (strict order), " + label, Value: loopRate, Unit: "events/s",
 		Reference: "unordered SQL loop", RefValue: unRate, Target: "ratio >= 0.8",
 		Note: "unordered: a lease UPDATE of SELECT event_id ... WHERE state='pending' AND next_attempt_at <= now() ORDER BY next_attempt_at, created_at LIMIT n FOR UPDATE SKIP LOCKED (the pending index's order, which is created_at's for this backlog), then a confirm UPDATE by primary key; both loops commit without waiting for the WAL flush, as the relay does; " + label})
