@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"cmp"
 	"context"
 	"os"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxref/orders/internal/outbox/relay"
+	"github.com/outboxref/orders/internal/outbox/relay/drainloop"
 )
 
 // BenchmarkBacklogDrain measures how fast one relay drains a committed
@@ -22,8 +24,9 @@ import (
 // relay's default batch size:
 //
 //   - Relay: the real relay, sending to kfake over TCP;
-//   - SQLLoop: the relay's own read and fenced confirm, one after the
-//     other, with no broker: the ceiling for Relay;
+//   - SQLLoop: the relay's own read and fenced confirm, each confirm in
+//     the round trip of the next read as the relay sends it, with no
+//     broker (drainloop, cmd/bench's reference too): the ceiling for Relay;
 //   - Unordered: a read of the oldest due rows without the strict ordering
 //     guard or the partitions, and a confirm by primary key without the
 //     epoch fence, in transactions committed like the relay's: one row
@@ -74,21 +77,23 @@ func BenchmarkBacklogDrain(b *testing.B) {
 	})
 
 	b.Run("SQLLoop", func(b *testing.B) {
+		size := cmp.Or(batch, relay.DefaultBatchSize)
 		drainBench(b, aggregates, func(b *testing.B, e *env) {
-			r := e.relay(b, func(c *relayConfig) { c.BatchSize = batch })
 			ctx := context.Background()
-			b.StartTimer()
-			for total := 0; total < events; {
-				n, err := r.ClaimAndConfirm(ctx)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if n == 0 {
-					b.Fatalf("nothing claimable after %d of %d events", total, events)
-				}
-				total += n
+			conn, err := e.DB.Pool.Acquire(ctx)
+			if err != nil {
+				b.Fatal(err)
 			}
+			defer conn.Release()
+			b.StartTimer()
+			n, err := drainloop.Drain(ctx, conn, size)
 			b.StopTimer()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if n != events {
+				b.Fatalf("the loop confirmed %d of %d events", n, events)
+			}
 		})
 	})
 

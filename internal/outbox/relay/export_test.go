@@ -1,10 +1,6 @@
 package relay
 
-import (
-	"context"
-	"fmt"
-	"time"
-)
+import "time"
 
 // This file is compiled only into the package's own test binary. It gives
 // the external tests (package relay_test) the relay's crash points and a
@@ -60,31 +56,3 @@ func Backoff(attempts int, base, max time.Duration) time.Duration {
 
 // BoundText exposes the last_error bound for its unit test.
 var BoundText = boundText
-
-// ClaimAndConfirm is one round of the relay's database work with no broker:
-// the partitions' upkeep when it is due, the relay's own read, then its
-// fenced confirm of every row read at made-up broker positions. The drain
-// benchmark compares the relay against a loop of it, which is the most the
-// relay could reach if sending cost nothing. It returns how many rows the
-// read returned.
-func (r *Relay) ClaimAndConfirm(ctx context.Context) (int, error) {
-	if r.own.due(time.Now()) {
-		if err := r.maintain(ctx); err != nil {
-			return 0, err
-		}
-	}
-	batch, err := r.claim(ctx, nil, nil)
-	if err != nil || len(batch) == 0 {
-		return 0, err
-	}
-	outcomes := make([]outcome, len(batch))
-	for i := range batch {
-		outcomes[i].claim = batch[i].claim
-		outcomes[i].Partition, outcomes[i].Offset = int32(i%6), int64(i)
-	}
-	confirmed, _, err := r.settle(ctx, fenceOf(claimsOf(batch)), outcomes, nil)
-	if err == nil && len(confirmed) != len(batch) {
-		err = fmt.Errorf("confirmed %d of %d read rows", len(confirmed), len(batch))
-	}
-	return len(batch), err
-}
