@@ -126,17 +126,17 @@ func checkDelivered(ctx context.Context, pool *pgxpool.Pool, want int) error {
 }
 
 // claimConfirmLoop drains the outbox with the relay's own statements and
-// no broker: claim a batch (strict ordering for every type, as the orders
-// service registers them), confirm it with made-up positions, repeat.
+// no broker (drainloop): read a batch (strict ordering for every type, as
+// the orders service registers them), confirm it with made-up positions in
+// the round trip of the next read, repeat. Those round trips set the
+// relaxed commit themselves, as the relay's do, so the connection keeps
+// the server's setting.
 func claimConfirmLoop(ctx context.Context, pool *pgxpool.Pool, batch int) (int, time.Duration, error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer conn.Release()
-	if err := relaxCommits(ctx, conn); err != nil {
-		return 0, 0, err
-	}
 	start := time.Now()
 	n, err := drainloop.Drain(ctx, conn, batch)
 	if err != nil {
