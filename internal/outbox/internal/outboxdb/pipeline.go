@@ -2,7 +2,6 @@ package outboxdb
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/google/uuid"
@@ -51,14 +50,21 @@ func OutboxConfirmRelaxed(ctx context.Context, db Batcher, arg OutboxConfirmPara
 // transaction: the read sees the rows just confirmed as delivered, a
 // failure anywhere undoes the confirm, and the commit does not wait for
 // the WAL flush, as the confirm's own would not (the read writes nothing).
-// The ids confirmed count only when err is nil.
+// The ids confirmed count only when err is nil. The confirm reuses the
+// generated statement, as queue.go does; keep its arguments in step with
+// OutboxConfirm.
 func OutboxConfirmThenRead(ctx context.Context, db Batcher, confirm OutboxConfirmParams, read OutboxReadParams) ([]uuid.UUID, []OutboxReadRow, error) {
-	var rec recorder
-	_, _ = New(&rec).OutboxConfirm(ctx, confirm)
 	var ids []uuid.UUID
 	rows, err := New(Prefixed{DB: db, Setting: ClaimInIndexOrder, Ahead: []Statement{
 		{SQL: RelaxedCommit},
-		{SQL: rec.sql, Args: rec.args, Rows: func(rows pgx.Rows) (err error) {
+		{SQL: outboxConfirm, Args: []any{
+			confirm.EventIDs,
+			confirm.Partitions,
+			confirm.Offsets,
+			confirm.FencePartitions,
+			confirm.FenceEpochs,
+			confirm.Owner,
+		}, Rows: func(rows pgx.Rows) (err error) {
 			ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 			return err
 		}},
@@ -125,31 +131,6 @@ func (st Statement) read(br pgx.BatchResults) error {
 	}
 	rows.Close()
 	return rows.Err()
-}
-
-// recorder is a DBTX that runs nothing: it keeps the statement and the
-// arguments a generated query passes it, for a batch to send them later
-// in the order the generated code gives them.
-type recorder struct {
-	sql  string
-	args []any
-}
-
-var errRecorded = errors.New("outboxdb: statement recorded, not run")
-
-func (r *recorder) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	r.sql, r.args = sql, args
-	return pgconn.CommandTag{}, errRecorded
-}
-
-func (r *recorder) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
-	r.sql, r.args = sql, args
-	return nil, errRecorded
-}
-
-func (r *recorder) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
-	r.sql, r.args = sql, args
-	return batchRow{err: errRecorded}
 }
 
 // Exec runs a statement that returns no rows.
