@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/internal/outbox/relay/drainloop"
 )
@@ -139,6 +140,36 @@ func claimConfirmLoop(ctx context.Context, pool *pgxpool.Pool, batch int) (int, 
 	defer conn.Release()
 	start := time.Now()
 	n, err := drainloop.Drain(ctx, conn, batch)
+	if err != nil {
+		return n, 0, err
+	}
+	return n, time.Since(start), nil
+}
+
+// brokerLoop drains the outbox like claimConfirmLoop, and also sends every
+// batch to the broker at addr as the relay's records, with a client set up
+// as the relay's is, confirming each at the broker's positions; one batch
+// is with the broker while the next is read (drainloop.DrainToBroker). It
+// is the least work any relay of these events must do on this host.
+func brokerLoop(ctx context.Context, pool *pgxpool.Pool, addr string, batch int) (int, time.Duration, error) {
+	cl, err := kgo.NewClient(
+		kgo.SeedBrokers(addr),
+		kgo.DefaultProduceTopic(topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(0),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+	)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer cl.Close()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Release()
+	start := time.Now()
+	n, err := drainloop.DrainToBroker(ctx, conn, cl, topic, "bench", batch)
 	if err != nil {
 		return n, 0, err
 	}

@@ -108,12 +108,12 @@ func (b *bench) relayScenario(ctx context.Context) error {
 	return nil
 }
 
-// relayAtBatch drains three copies of the backlog in src at one batch size:
-// with `orders relay`, with its read and confirm statements in a loop, and
-// with the unordered claim. It reports both ratios and returns the relay's
-// rate.
+// relayAtBatch drains four copies of the backlog in src at one batch size:
+// with `orders relay`, with its read and confirm statements in a loop, with
+// that loop sending to a broker too, and with the unordered claim. It
+// reports the ratios and returns the relay's rate.
 func (b *bench) relayAtBatch(ctx context.Context, sc, src string, n, batch int) (float64, error) {
-	var copies [3]string
+	var copies [4]string
 	var err error
 	for i := range copies {
 		if copies[i], err = b.newDB(ctx, "relay", src); err != nil {
@@ -160,6 +160,30 @@ func (b *bench) relayAtBatch(ctx context.Context, sc, src string, n, batch int) 
 	unRate := float64(n) / unTime.Seconds()
 	b.logf("unordered SQL loop, batch %d: %d events in %s", batch, n, unTime.Round(time.Millisecond))
 
+	brokerProc, addr, err := b.startBroker(ctx)
+	if err != nil {
+		return 0, err
+	}
+	pool, err = b.pool(ctx, copies[3])
+	if err != nil {
+		return 0, err
+	}
+	brokerMeter := startCPU(map[string]int{"bench (SQL client and producer)": selfPID(), "devbroker": brokerProc.pid()}, b.runID)
+	got, brokerTime, err := brokerLoop(ctx, pool, addr, batch)
+	brokerCPU := brokerMeter.stop()
+	pool.Close()
+	if err != nil {
+		return 0, err
+	}
+	if err := b.stopProc(sc, brokerProc); err != nil {
+		return 0, err
+	}
+	if got != n {
+		return 0, fmt.Errorf("loop with a broker confirmed %d of %d events", got, n)
+	}
+	brokerRate := float64(n) / brokerTime.Seconds()
+	b.logf("SQL loop with a broker, batch %d: %d events in %s", batch, n, brokerTime.Round(time.Millisecond))
+
 	label := fmt.Sprintf("batch %d", batch)
 	b.rep.add(result{Scenario: sc, Figure: fmt.Sprintf("orders relay drain, %d events, %s", n, label), Value: relayRate, Unit: "events/s",
 		Reference: "claim/confirm SQL loop", RefValue: loopRate, Target: "ratio >= 0.9",
@@ -167,6 +191,12 @@ func (b *bench) relayAtBatch(ctx context.Context, sc, src string, n, batch int) 
 	b.rep.add(result{Scenario: sc, Figure: "claim/confirm SQL loop (strict order), " + label, Value: loopRate, Unit: "events/s",
 		Reference: "unordered SQL loop", RefValue: unRate, Target: "ratio >= 0.8",
 		Note: "unordered: a lease UPDATE of SELECT event_id ... WHERE state='pending' AND next_attempt_at <= now() ORDER BY next_attempt_at, created_at LIMIT n FOR UPDATE SKIP LOCKED (the pending index's order, which is created_at's for this backlog), then a confirm UPDATE by primary key; both loops commit without waiting for the WAL flush, as the relay does; " + label})
+	b.rep.add(result{Scenario: sc, Figure: "SQL loop with a broker, " + label, Value: brokerRate, Unit: "events/s",
+		Reference: "claim/confirm SQL loop", RefValue: loopRate, Target: "-",
+		Note: "the same loop, also sending each batch to devbroker as the relay's records (CloudEvents headers, key the aggregate id, acks from every in-sync replica, no linger, the client's default compression) from the same process, and confirming at the broker's positions; one batch with the broker while the next is read, as in the relay: the least any relay of these events must do on this host, " + label})
+	b.rep.add(result{Scenario: sc, Figure: "orders relay drain, " + label, Value: relayRate, Unit: "events/s",
+		Reference: "SQL loop with a broker", RefValue: brokerRate, Target: "-",
+		Note: "what the relay costs beyond the least a relay must do: its process start, upkeep, spans, metrics and checks"})
 	// What one event cost the whole machine in each: on two cores shared
 	// by the database, the relay and the broker, the relay's and the
 	// broker's CPU is what the loop's database does not have to share.
@@ -176,7 +206,12 @@ func (b *bench) relayAtBatch(ctx context.Context, sc, src string, n, batch int) 
 		Reference: "SQL loop", RefValue: 1000 * loopMS, Target: "-",
 		Note: "the whole machine's busy cores over the drain, divided by the events per second; relay: " + relayCPU.String() + "; loop: " + loopCPU.String()})
 	b.addCores(sc, "relay, "+label+": ", relayCPU)
+	brokerMS, _ := brokerCPU.perEvent(brokerRate)
+	b.rep.add(result{Scenario: sc, Figure: "CPU per event, SQL loop with a broker, " + label, Value: 1000 * brokerMS, Unit: "µs",
+		Reference: "SQL loop", RefValue: 1000 * loopMS, Target: "-",
+		Note: "the whole machine's busy cores over the drain, divided by the events per second; loop with a broker: " + brokerCPU.String()})
 	b.addCores(sc, "SQL loop, "+label+": ", loopCPU)
+	b.addCores(sc, "SQL loop with a broker, "+label+": ", brokerCPU)
 	return relayRate, nil
 }
 

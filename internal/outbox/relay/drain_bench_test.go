@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/internal/outbox/relay"
 	"github.com/outboxref/orders/internal/outbox/relay/drainloop"
@@ -27,17 +28,21 @@ import (
 //   - SQLLoop: the relay's own read and fenced confirm, each confirm in
 //     the round trip of the next read as the relay sends it, with no
 //     broker (drainloop, cmd/bench's reference too): the ceiling for Relay;
+//   - BrokerLoop: the same loop, also sending each batch to kfake as the
+//     relay's records, one batch with the broker while the next is read
+//     (drainloop.DrainToBroker): the least any relay must do;
 //   - Unordered: a read of the oldest due rows without the strict ordering
 //     guard or the partitions, and a confirm by primary key without the
 //     epoch fence, in transactions committed like the relay's: one row
 //     write per event and nothing else, the ceiling for any polling relay.
 //
-// Relay/SQLLoop says what sending costs on top of the database work, and
+// Relay/SQLLoop says what sending costs on top of the database work,
+// BrokerLoop/SQLLoop how much of that any relay must pay, and
 // SQLLoop/Unordered what strict ordering and fencing cost. N is 2,500 (5,000 events)
 // so that one iteration is cheap enough for CI; OUTBOX_BENCH_AGGREGATES
 // sets a larger backlog and OUTBOX_BENCH_BATCH another batch size:
 //
-//	OUTBOX_BENCH_AGGREGATES=50000 go test ./internal/outbox -run '^$' \
+//	OUTBOX_BENCH_AGGREGATES=50000 go test ./internal/outbox/relay -run '^$' \
 //	    -bench BacklogDrain -benchtime 1x -count 5 | tee drain.txt
 //	benchstat drain.txt
 func BenchmarkBacklogDrain(b *testing.B) {
@@ -87,6 +92,33 @@ func BenchmarkBacklogDrain(b *testing.B) {
 			defer conn.Release()
 			b.StartTimer()
 			n, err := drainloop.Drain(ctx, conn, size)
+			b.StopTimer()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if n != events {
+				b.Fatalf("the loop confirmed %d of %d events", n, events)
+			}
+		})
+	})
+
+	b.Run("BrokerLoop", func(b *testing.B) {
+		size := cmp.Or(batch, relay.DefaultBatchSize)
+		drainBench(b, aggregates, func(b *testing.B, e *env) {
+			ctx := context.Background()
+			cl, err := kgo.NewClient(append(e.Conn, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(0),
+				kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer cl.Close()
+			conn, err := e.DB.Pool.Acquire(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Release()
+			b.StartTimer()
+			n, err := drainloop.DrainToBroker(ctx, conn, cl, topic, "bench", size)
 			b.StopTimer()
 			if err != nil {
 				b.Fatal(err)

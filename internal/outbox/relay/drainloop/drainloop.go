@@ -1,10 +1,19 @@
 // Package drainloop drains the outbox with the relay's own read and
-// confirm statements and no broker: take every partition, read a batch,
-// confirm it at made-up broker positions under the partitions' epochs,
-// repeat. It is the ceiling a relay's throughput is measured against
-// (cmd/bench): what the relay could reach if sending cost nothing. It is
-// for benchmarks only; it marks rows delivered that were never sent, and
-// it must not run beside a relay on the same database.
+// confirm statements and nothing else around them: take every partition,
+// read a batch, confirm it under the partitions' epochs, repeat. Its two
+// loops are the references a relay's throughput is measured against
+// (cmd/bench):
+//
+//   - Drain sends nothing and confirms at made-up broker positions: what a
+//     relay could reach if sending cost nothing.
+//   - DrainToBroker also sends each batch to a broker, as the relay's
+//     records (cloudevents.Record) with the broker's real positions, one
+//     batch with the broker while the next is read: what any relay must
+//     spend on this host, and so the least a relay can cost.
+//
+// It is for benchmarks only: Drain marks rows delivered that were never
+// sent, neither retries nor releases anything, and neither must run beside
+// a relay on the same database.
 //
 // It lives in the outbox's directory because the statements it runs are
 // the outbox's generated code, which is private to the unit.
@@ -16,7 +25,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/outboxref/orders/internal/outbox/cloudevents"
 	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
 )
 
@@ -35,7 +46,65 @@ type DB interface {
 // rows it confirmed. Like the relay under a backlog, it confirms each
 // batch in the round trip that reads the next one
 // (outboxdb.OutboxConfirmThenRead).
-func Drain(ctx context.Context, db DB, batch int) (n int, err error) {
+func Drain(ctx context.Context, db DB, batch int) (int, error) {
+	var offset int64
+	return drain(ctx, db, batch, false, func(_ context.Context, rows []outboxdb.OutboxReadRow) ([]int32, []int64, error) {
+		parts, offsets := make([]int32, len(rows)), make([]int64, len(rows))
+		for i := range rows {
+			parts[i], offsets[i] = int32(offset%6), offset
+			offset++
+		}
+		return parts, offsets, nil
+	})
+}
+
+// DrainToBroker drains like Drain, but sends each batch with cl, whose
+// default topic must be topic, and confirms it at the positions the broker
+// acknowledged. As in the relay, one batch is with the broker while the
+// batch before it is confirmed and the batch after it read, in one round
+// trip; every upkeep's floor (about once a second) waits for the batch
+// with the broker first. Records are built as the relay builds them, with
+// source as their CloudEvents source and no trace context; cl should be
+// set up as the relay's client is (acks from every in-sync replica, no
+// linger, the key's murmur2 partitioner). A record the broker refuses
+// ends the drain with an error.
+func DrainToBroker(ctx context.Context, db DB, cl *kgo.Client, topic, source string, batch int) (int, error) {
+	return drain(ctx, db, batch, true, func(ctx context.Context, rows []outboxdb.OutboxReadRow) ([]int32, []int64, error) {
+		recs := make([]*kgo.Record, len(rows))
+		for i, r := range rows {
+			recs[i] = cloudevents.Record(topic, cloudevents.Event{
+				ID: r.EventID, Type: r.EventType, Source: source, Time: r.CreatedAt,
+				AggregateType: r.AggregateType, AggregateID: r.AggregateID, AggregateVersion: r.AggregateVersion,
+				SchemaVersion: int(r.SchemaVersion), Data: r.Payload,
+			})
+		}
+		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+			return nil, nil, fmt.Errorf("send: %w", err)
+		}
+		parts, offsets := make([]int32, len(recs)), make([]int64, len(recs))
+		for i, rec := range recs {
+			parts[i], offsets[i] = rec.Partition, rec.Offset
+		}
+		return parts, offsets, nil
+	})
+}
+
+// send hands a batch to the broker and returns where each row was stored.
+type send func(ctx context.Context, rows []outboxdb.OutboxReadRow) (partitions []int32, offsets []int64, err error)
+
+// sent is a batch the broker answered.
+type sent struct {
+	rows       []outboxdb.OutboxReadRow
+	partitions []int32
+	offsets    []int64
+	err        error
+}
+
+// drain is both loops. With overlap, while one batch is with the broker
+// (send, in a goroutine), the batch before it is confirmed and the one
+// after it read. Without, each batch is sent as soon as it is read, and
+// every read starts from the floor.
+func drain(ctx context.Context, db DB, batch int, overlap bool, send send) (n int, err error) {
 	q := outboxdb.New(db)
 	owned, err := q.RelayPartitionsAcquire(ctx, outboxdb.RelayPartitionsAcquireParams{
 		Owner: owner, LeaseSeconds: 3600, MaxPartitions: 1 << 20,
@@ -57,13 +126,62 @@ func Drain(ctx context.Context, db DB, batch int) (n int, err error) {
 		}
 	}()
 	var (
-		offset    int64
 		floor     time.Time
 		nextFloor time.Time
-		confirm   *outboxdb.OutboxConfirmParams // the batch read last, to confirm with the next read
+		flying    []outboxdb.OutboxReadRow // with the broker
+		done      chan sent                // answers flying; nil when nothing is with the broker
+		next      []outboxdb.OutboxReadRow // read, not yet sent
+		answered  *outboxdb.OutboxConfirmParams
 	)
+	toConfirm := func(s sent) (*outboxdb.OutboxConfirmParams, error) {
+		if s.err != nil {
+			return nil, s.err
+		}
+		p := fence
+		p.Partitions, p.Offsets = s.partitions, s.offsets
+		for _, r := range s.rows {
+			p.EventIDs = append(p.EventIDs, r.EventID)
+		}
+		return &p, nil
+	}
 	for {
-		if now := time.Now(); !now.Before(nextFloor) {
+		if done != nil {
+			s := <-done
+			done, flying = nil, nil
+			if answered, err = toConfirm(s); err != nil {
+				return n, err
+			}
+		}
+		switch {
+		case len(next) == 0:
+		case overlap:
+			flying, next = next, nil
+			done = make(chan sent, 1)
+			go func(rows []outboxdb.OutboxReadRow, done chan<- sent) {
+				parts, offsets, err := send(ctx, rows)
+				done <- sent{rows: rows, partitions: parts, offsets: offsets, err: err}
+			}(flying, done)
+		default:
+			parts, offsets, err := send(ctx, next)
+			if answered, err = toConfirm(sent{rows: next, partitions: parts, offsets: offsets, err: err}); err != nil {
+				return n, err
+			}
+			next = nil
+		}
+		now := time.Now()
+		if !now.Before(nextFloor) {
+			if done != nil {
+				// The upkeep waits for the batch with the broker, as the
+				// relay's does; what was answered is confirmed alone.
+				if answered != nil {
+					ids, err := outboxdb.OutboxConfirmRelaxed(ctx, db, *answered)
+					if err != nil {
+						return n, fmt.Errorf("confirm: %w", err)
+					}
+					n, answered = n+len(ids), nil
+				}
+				continue
+			}
 			// Where reads start, found again about once a second, as the
 			// relay does at each upkeep.
 			floor, err = q.OutboxReadFloor(ctx, outboxdb.OutboxReadFloorParams{Partitions: fence.FencePartitions, LateSeconds: 5})
@@ -72,34 +190,46 @@ func Drain(ctx context.Context, db DB, batch int) (n int, err error) {
 			}
 			nextFloor = now.Add(time.Second)
 		}
+		from, skip := readBeside(floor, flying)
 		read := outboxdb.OutboxReadParams{
-			Partitions: fence.FencePartitions, ReadFloor: floor, InFlight: []uuid.UUID{}, IndependentTypes: []string{}, BatchSize: int32(batch),
+			Partitions: fence.FencePartitions, ReadFloor: from, InFlight: skip, IndependentTypes: []string{}, BatchSize: int32(batch),
 		}
 		var rows []outboxdb.OutboxReadRow
-		if confirm == nil {
+		if answered == nil {
 			rows, err = outboxdb.OutboxReadInIndexOrder(ctx, db, read)
 			if err != nil {
 				return n, fmt.Errorf("read: %w", err)
 			}
 		} else {
-			var done []uuid.UUID
-			done, rows, err = outboxdb.OutboxConfirmThenRead(ctx, db, *confirm, read)
+			var ids []uuid.UUID
+			ids, rows, err = outboxdb.OutboxConfirmThenRead(ctx, db, *answered, read)
 			if err != nil {
 				return n, fmt.Errorf("confirm and read: %w", err)
 			}
-			n += len(done)
+			n, answered = n+len(ids), nil
 		}
-		if len(rows) == 0 {
+		if len(rows) == 0 && done == nil {
 			return n, nil
 		}
-		p := fence
-		p.EventIDs, p.Partitions, p.Offsets = nil, nil, nil
-		for _, r := range rows {
-			p.EventIDs = append(p.EventIDs, r.EventID)
-			p.Partitions = append(p.Partitions, int32(offset%6))
-			p.Offsets = append(p.Offsets, offset)
-			offset++
-		}
-		confirm = &p
+		next = rows
 	}
+}
+
+// readBeside is where a read beside flying, the batch with the broker,
+// starts and which of its rows the read must skip, as the relay's own
+// read beside a delivery does: from the latest row in flight, skipping
+// the rows in flight that are due then.
+func readBeside(floor time.Time, flying []outboxdb.OutboxReadRow) (time.Time, []uuid.UUID) {
+	for _, r := range flying {
+		if r.NextAttemptAt.After(floor) {
+			floor = r.NextAttemptAt
+		}
+	}
+	skip := []uuid.UUID{}
+	for _, r := range flying {
+		if !r.NextAttemptAt.Before(floor) {
+			skip = append(skip, r.EventID)
+		}
+	}
+	return floor, skip
 }
