@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/orders/internal/outbox/internal/outboxdb"
@@ -102,4 +103,126 @@ func TestReadStartsAtItsFloor(t *testing.T) {
 	require.Equal(t, want, got)
 	require.Positive(t, fromFloor.IndexBlocks(index), "the read walks %s:\n%s", index, fromFloor)
 	require.Less(t, 10*fromFloor.IndexBlocks(index), fromStart.IndexBlocks(index), "the read from the floor steps over the delivered rows:\n%s", fromFloor)
+}
+
+// TestConfirmPlansForTheTableAsItIs: the confirm, and the release of a
+// batch the broker refused, must find their rows by primary key however
+// many rows are pending and whatever the planner was told about them. A
+// plan that walks the pending rows instead costs O(pending) per batch: under
+// a burst each confirm gets slower as the backlog grows, and the backlog
+// grows as the confirms slow down. Each case runs both statements ten times
+// on one connection (pgx prepares them once; PostgreSQL may then keep a
+// generic plan), with the table analysed while it was empty or while it
+// held only delivered rows; the table then takes 20,000 pending rows, and a
+// confirm or release of ten of them may read only a few rows of it
+// (pg_stat_xact_user_tables, counted inside the statement's transaction).
+func TestConfirmPlansForTheTableAsItIs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		session   string // the connection's plan_cache_mode
+		delivered int    // delivered rows in the table when it is analysed
+	}{
+		{name: "generic plans, analysed empty", session: "force_generic_plan"},
+		{name: "analysed empty", session: "auto"},
+		{name: "analysed with none pending", session: "auto", delivered: 20000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			session := tc.session
+			db := newTestDB(t)
+			ctx := context.Background()
+			_, err := db.Pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = false)`)
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, `
+				INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
+				                    created_at, next_attempt_at, state, delivered_at)
+				SELECT md5('d' || g)::uuid, 'thing', 'd' || g, 1, 'thing.happened', 1, '{}',
+				       now() - interval '2 hours', now() - interval '2 hours', 'delivered', now() - interval '2 hours'
+				FROM generate_series(1, $1::integer) AS g`, tc.delivered)
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(ctx, `ANALYZE outbox`)
+			require.NoError(t, err)
+			cfg, err := pgxpool.ParseConfig(db.URL)
+			require.NoError(t, err)
+			cfg.MaxConns = 1 // one connection: the last confirm runs the statement the first ones prepared
+			cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = session
+			cfg.AfterConnect = db.Pool.Config().AfterConnect
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+
+			owned, err := outboxdb.New(pool).RelayPartitionsAcquire(ctx, outboxdb.RelayPartitionsAcquireParams{
+				Owner: "relay-1", LeaseSeconds: 60, MaxPartitions: 1 << 20})
+			require.NoError(t, err)
+			fence := outboxdb.OutboxConfirmParams{Owner: "relay-1"}
+			for _, p := range owned {
+				fence.FencePartitions = append(fence.FencePartitions, p.Partition)
+				fence.FenceEpochs = append(fence.FenceEpochs, p.Epoch)
+			}
+			confirm := func(db outboxdb.Batcher, ids []uuid.UUID) []uuid.UUID {
+				t.Helper()
+				p := fence
+				p.EventIDs = ids
+				for i := range ids {
+					p.Partitions, p.Offsets = append(p.Partitions, 0), append(p.Offsets, int64(i))
+				}
+				done, err := outboxdb.OutboxConfirmRelaxed(ctx, db, p)
+				require.NoError(t, err)
+				return done
+			}
+			release := func(db outboxdb.Batcher, ids []uuid.UUID) []uuid.UUID {
+				t.Helper()
+				p := outboxdb.OutboxReleaseParams{EventIDs: ids, FencePartitions: fence.FencePartitions,
+					FenceEpochs: fence.FenceEpochs, Owner: fence.Owner}
+				for range ids {
+					p.States = append(p.States, "pending")
+					p.ErrorClasses = append(p.ErrorClasses, "transient")
+					p.ErrorTexts = append(p.ErrorTexts, "broker away")
+					p.DelaysSeconds = append(p.DelaysSeconds, 1)
+				}
+				done, err := outboxdb.OutboxReleaseCustomPlan(ctx, db, p)
+				require.NoError(t, err)
+				return done
+			}
+			for range 10 {
+				require.Empty(t, confirm(pool, []uuid.UUID{uuid.New(), uuid.New()}))
+				require.Empty(t, release(pool, []uuid.UUID{uuid.New(), uuid.New()}))
+			}
+
+			_, err = db.Pool.Exec(ctx, `
+				INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
+				                    created_at, next_attempt_at)
+				SELECT md5('e' || g)::uuid, 'thing', 'a' || g, 1, 'thing.happened', 1, '{}',
+				       now() - interval '1 hour' + g * interval '1 ms', now() - interval '1 hour' + g * interval '1 ms'
+				FROM generate_series(1, 20000) AS g`)
+			require.NoError(t, err)
+			var ids []uuid.UUID
+			rows, err := db.Pool.Query(ctx, `SELECT event_id FROM outbox WHERE state = 'pending' ORDER BY next_attempt_at LIMIT 20`)
+			require.NoError(t, err)
+			ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+			require.NoError(t, err)
+
+			for _, st := range []struct {
+				name string
+				run  func(outboxdb.Batcher, []uuid.UUID) []uuid.UUID
+				ids  []uuid.UUID
+			}{{"confirm", confirm, ids[:10]}, {"release", release, ids[10:]}} {
+				var read int64
+				require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					stats := func() (n int64) {
+						require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(sum(seq_tup_read + idx_tup_fetch), 0)
+							FROM pg_stat_xact_user_tables WHERE relname = 'outbox'`).Scan(&n))
+						return n
+					}
+					before := stats()
+					require.Len(t, st.run(tx, st.ids), len(st.ids))
+					read = stats() - before
+					return nil
+				}))
+				t.Logf("rows of outbox the %s of %d read: %d", st.name, len(st.ids), read)
+				require.LessOrEqual(t, read, int64(100), "the %s of %d rows read %d rows of outbox: it walks the pending rows", st.name, len(st.ids), read)
+			}
+		})
+	}
 }

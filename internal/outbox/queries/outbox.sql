@@ -146,6 +146,18 @@ SELECT least(
 -- partition and offset. Rows that are not returned were lost; the caller
 -- logs and counts them and never retries. Partition and offset are for
 -- tracing only, never a version.
+--
+-- The rows are found by primary key, one lookup per id, however many rows
+-- are pending. That is why the state is compared with the batch's
+-- from_state rather than with the literal 'pending': a join condition
+-- cannot select the partial pending index, while a literal lets the
+-- planner walk every pending row through it, for each id of the batch,
+-- whenever its statistics (taken while few rows were pending) say there
+-- are a handful. Under a burst that made each confirm slower as the
+-- backlog grew, and the backlog grow as the confirms slowed. The caller
+-- also plans each execution afresh (outboxdb.RelaxedCommit), so that a
+-- plan made while the table was tiny is not kept as it grows.
+-- plan_test.go, TestConfirmPlansForTheTableAsItIs, checks both.
 WITH fence AS (
     SELECT p.partition
     FROM outbox_relay_partition p
@@ -162,9 +174,10 @@ SET state            = 'delivered',
     delivered_at     = now()
 FROM (SELECT unnest(@event_ids::uuid[])        AS event_id,
              unnest(@partitions::integer[])    AS broker_partition,
-             unnest(@offsets::bigint[])        AS broker_offset) d
+             unnest(@offsets::bigint[])        AS broker_offset,
+             'pending'::text                   AS from_state) d
 WHERE o.event_id = d.event_id
-  AND o.state = 'pending'
+  AND o.state = d.from_state
   AND o.relay_partition IN (SELECT partition FROM fence)
 RETURNING o.event_id;
 
@@ -179,6 +192,9 @@ RETURNING o.event_id;
 --   * a relay stopping (R9) records the stop with no delay, so the next
 --     owner of the partition sends the event at once.
 -- last_error is cut to the CHECK's 1024 characters here as well as in Go.
+-- The rows are found by primary key, as the confirm's are, and for the
+-- same reason (OutboxConfirm): a broker outage leaves many rows pending,
+-- and each release must not walk them all.
 WITH fence AS (
     SELECT p.partition
     FROM outbox_relay_partition p
@@ -198,9 +214,10 @@ FROM (SELECT unnest(@event_ids::uuid[])            AS event_id,
              unnest(@states::text[])               AS state,
              unnest(@error_classes::text[])        AS error_class,
              unnest(@error_texts::text[])          AS error_text,
-             unnest(@delays_seconds::double precision[]) AS delay_seconds) r
+             unnest(@delays_seconds::double precision[]) AS delay_seconds,
+             'pending'::text                       AS from_state) r
 WHERE o.event_id = r.event_id
-  AND o.state = 'pending'
+  AND o.state = r.from_state
   AND o.relay_partition IN (SELECT partition FROM fence)
 RETURNING o.event_id;
 

@@ -193,7 +193,6 @@ func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome, read *o
 		release.DelaysSeconds = append(release.DelaysSeconds, delay.Seconds())
 	}
 
-	q := outboxdb.New(r.cfg.Pool)
 	var confirmed []claim
 	var rows []outboxdb.OutboxReadRow
 	var errs []error
@@ -266,7 +265,7 @@ func (r *Relay) settle(ctx context.Context, f fence, outcomes []outcome, read *o
 	if len(release.EventIDs) > 0 {
 		var ids []uuid.UUID
 		err := retrySafe(ctx, func() (err error) {
-			ids, err = q.OutboxRelease(ctx, release)
+			ids, err = outboxdb.OutboxReleaseCustomPlan(ctx, r.cfg.Pool, release)
 			return err
 		})
 		if err != nil {
