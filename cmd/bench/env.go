@@ -156,9 +156,12 @@ func (b *bench) hostInfo(ctx context.Context) {
 		fmt.Sscanf(strings.TrimPrefix(strings.SplitN(string(raw), "\n", 2)[0], "MemTotal:"), "%d", &kb)
 		h.MemoryMiB = kb / 1024
 	}
-	var v, fsync, sync string
-	_ = b.admin.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')").Scan(&v, &fsync, &sync)
-	h.PostgreSQL = fmt.Sprintf("PostgreSQL %s (fsync=%s, synchronous_commit=%s)", v, fsync, sync)
+	// The settings that move the figures most: the commit's flush, the
+	// buffer cache, and whether statistics are refreshed during a run.
+	var v, fsync, sync, buffers, autovacuum string
+	_ = b.admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit'),
+		current_setting('shared_buffers'), current_setting('autovacuum')`).Scan(&v, &fsync, &sync, &buffers, &autovacuum)
+	h.PostgreSQL = fmt.Sprintf("PostgreSQL %s (fsync=%s, synchronous_commit=%s, shared_buffers=%s, autovacuum=%s)", v, fsync, sync, buffers, autovacuum)
 }
 
 // dbURL is the URL of one database on the server.
