@@ -58,13 +58,7 @@ func TestReadStartsAtItsFloor(t *testing.T) {
 	ctx := context.Background()
 	_, err := db.Pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = false)`)
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `
-		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
-		                    created_at, next_attempt_at)
-		SELECT md5('e' || g)::uuid, 'thing', 'a' || g, 1, 'thing.happened', 1, '{}',
-		       now() - interval '1 hour' + g * interval '1 ms', now() - interval '1 hour' + g * interval '1 ms'
-		FROM generate_series(1, 40000) AS g`)
-	require.NoError(t, err)
+	insertPending(t, db, 40000)
 	for range 39 {
 		_, err := db.Pool.Exec(ctx, `
 			UPDATE outbox SET state = 'delivered', delivered_at = now()
@@ -190,13 +184,7 @@ func TestConfirmPlansForTheTableAsItIs(t *testing.T) {
 				require.Empty(t, release(pool, []uuid.UUID{uuid.New(), uuid.New()}))
 			}
 
-			_, err = db.Pool.Exec(ctx, `
-				INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
-				                    created_at, next_attempt_at)
-				SELECT md5('e' || g)::uuid, 'thing', 'a' || g, 1, 'thing.happened', 1, '{}',
-				       now() - interval '1 hour' + g * interval '1 ms', now() - interval '1 hour' + g * interval '1 ms'
-				FROM generate_series(1, 20000) AS g`)
-			require.NoError(t, err)
+			insertPending(t, db, 20000)
 			var ids []uuid.UUID
 			rows, err := db.Pool.Query(ctx, `SELECT event_id FROM outbox WHERE state = 'pending' ORDER BY next_attempt_at LIMIT 20`)
 			require.NoError(t, err)
@@ -225,4 +213,17 @@ func TestConfirmPlansForTheTableAsItIs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// insertPending commits n pending first versions of n aggregates, due one
+// millisecond apart from an hour ago.
+func insertPending(t *testing.T, db *outboxtest.DB, n int) {
+	t.Helper()
+	_, err := db.Pool.Exec(context.Background(), `
+		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
+		                    created_at, next_attempt_at)
+		SELECT md5('e' || g)::uuid, 'thing', 'a' || g, 1, 'thing.happened', 1, '{}',
+		       now() - interval '1 hour' + g * interval '1 ms', now() - interval '1 hour' + g * interval '1 ms'
+		FROM generate_series(1, $1::integer) AS g`, n)
+	require.NoError(t, err)
 }
