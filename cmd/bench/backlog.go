@@ -152,24 +152,13 @@ func claimConfirmLoop(ctx context.Context, pool *pgxpool.Pool, batch int) (int, 
 // is with the broker while the next is read (drainloop.DrainToBroker). It
 // is the least work any relay of these events must do on this host.
 func brokerLoop(ctx context.Context, pool *pgxpool.Pool, addr string, batch int) (int, time.Duration, error) {
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(addr),
-		kgo.DefaultProduceTopic(topic),
-		kgo.RequiredAcks(kgo.AllISRAcks()),
-		kgo.ProducerLinger(0),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
-	)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer cl.Close()
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer conn.Release()
 	start := time.Now()
-	n, err := drainloop.DrainToBroker(ctx, conn, cl, topic, "bench", batch)
+	n, err := drainloop.DrainToBroker(ctx, conn, []kgo.Opt{kgo.SeedBrokers(addr)}, topic, "bench", batch)
 	if err != nil {
 		return n, 0, err
 	}

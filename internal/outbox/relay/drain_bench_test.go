@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/internal/outbox/relay"
 	"github.com/outboxref/orders/internal/outbox/relay/drainloop"
@@ -81,53 +80,39 @@ func BenchmarkBacklogDrain(b *testing.B) {
 		})
 	})
 
-	b.Run("SQLLoop", func(b *testing.B) {
-		size := cmp.Or(batch, relay.DefaultBatchSize)
-		drainBench(b, aggregates, func(b *testing.B, e *env) {
-			ctx := context.Background()
-			conn, err := e.DB.Pool.Acquire(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer conn.Release()
-			b.StartTimer()
-			n, err := drainloop.Drain(ctx, conn, size)
-			b.StopTimer()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if n != events {
-				b.Fatalf("the loop confirmed %d of %d events", n, events)
-			}
+	loops := []struct {
+		name  string
+		drain func(ctx context.Context, e *env, conn drainloop.DB, size int) (int, error)
+	}{
+		{"SQLLoop", func(ctx context.Context, _ *env, conn drainloop.DB, size int) (int, error) {
+			return drainloop.Drain(ctx, conn, size)
+		}},
+		{"BrokerLoop", func(ctx context.Context, e *env, conn drainloop.DB, size int) (int, error) {
+			return drainloop.DrainToBroker(ctx, conn, e.Conn, topic, "bench", size)
+		}},
+	}
+	for _, l := range loops {
+		b.Run(l.name, func(b *testing.B) {
+			size := cmp.Or(batch, relay.DefaultBatchSize)
+			drainBench(b, aggregates, func(b *testing.B, e *env) {
+				ctx := context.Background()
+				conn, err := e.DB.Pool.Acquire(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer conn.Release()
+				b.StartTimer()
+				n, err := l.drain(ctx, e, conn, size)
+				b.StopTimer()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if n != events {
+					b.Fatalf("the loop confirmed %d of %d events", n, events)
+				}
+			})
 		})
-	})
-
-	b.Run("BrokerLoop", func(b *testing.B) {
-		size := cmp.Or(batch, relay.DefaultBatchSize)
-		drainBench(b, aggregates, func(b *testing.B, e *env) {
-			ctx := context.Background()
-			cl, err := kgo.NewClient(append(e.Conn, kgo.DefaultProduceTopic(topic), kgo.ProducerLinger(0),
-				kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)))...)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer cl.Close()
-			conn, err := e.DB.Pool.Acquire(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer conn.Release()
-			b.StartTimer()
-			n, err := drainloop.DrainToBroker(ctx, conn, cl, topic, "bench", size)
-			b.StopTimer()
-			if err != nil {
-				b.Fatal(err)
-			}
-			if n != events {
-				b.Fatalf("the loop confirmed %d of %d events", n, events)
-			}
-		})
-	})
+	}
 
 	b.Run("Unordered", func(b *testing.B) {
 		size := batch

@@ -34,12 +34,14 @@ type Batcher interface {
 // at one primary-key lookup per id; planning a short statement costs a
 // fraction of a millisecond per batch. plan_test.go,
 // TestConfirmPlansForTheTableAsItIs, checks both.
-const CustomPlan = "SELECT set_config('plan_cache_mode', 'force_custom_plan', true)"
+const CustomPlan = "SELECT " + planAfresh
+
+const planAfresh = "set_config('plan_cache_mode', 'force_custom_plan', true)"
 
 // RelaxedCommit is set before the relay's confirm: it commits without
 // waiting for the WAL flush (see the relay's settle), and is planned as
 // CustomPlan says.
-const RelaxedCommit = "SELECT set_config('synchronous_commit', 'off', true), set_config('plan_cache_mode', 'force_custom_plan', true)"
+const RelaxedCommit = "SELECT set_config('synchronous_commit', 'off', true), " + planAfresh
 
 // OutboxReadInIndexOrder runs OutboxRead after ClaimInIndexOrder, in one
 // round trip.

@@ -22,6 +22,7 @@ package drainloop
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -58,17 +59,27 @@ func Drain(ctx context.Context, db DB, batch int) (int, error) {
 	})
 }
 
-// DrainToBroker drains like Drain, but sends each batch with cl, whose
-// default topic must be topic, and confirms it at the positions the broker
-// acknowledged. As in the relay, one batch is with the broker while the
-// batch before it is confirmed and the batch after it read, in one round
-// trip; every upkeep's floor (about once a second) waits for the batch
-// with the broker first. Records are built as the relay builds them, with
-// source as their CloudEvents source and no trace context; cl should be
-// set up as the relay's client is (acks from every in-sync replica, no
-// linger, the key's murmur2 partitioner). A record the broker refuses
-// ends the drain with an error.
-func DrainToBroker(ctx context.Context, db DB, cl *kgo.Client, topic, source string, batch int) (int, error) {
+// DrainToBroker drains like Drain, but sends each batch to topic on the
+// cluster conn reaches (kgo.SeedBrokers and any credentials), with a
+// client set up as the relay's is (acks from every in-sync replica, no
+// linger, the key's murmur2 partitioner), and confirms it at the positions
+// the broker acknowledged. As in the relay, one batch is with the broker
+// while the batch before it is confirmed and the batch after it read, in
+// one round trip; every upkeep's floor (about once a second) waits for the
+// batch with the broker first. Records are built as the relay builds them,
+// with source as their CloudEvents source and no trace context. A record
+// the broker refuses ends the drain with an error.
+func DrainToBroker(ctx context.Context, db DB, conn []kgo.Opt, topic, source string, batch int) (int, error) {
+	cl, err := kgo.NewClient(append(slices.Clone(conn),
+		kgo.DefaultProduceTopic(topic),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+		kgo.ProducerLinger(0),
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+	)...)
+	if err != nil {
+		return 0, fmt.Errorf("kafka client: %w", err)
+	}
+	defer cl.Close()
 	return drain(ctx, db, batch, true, func(ctx context.Context, rows []outboxdb.OutboxReadRow) ([]int32, []int64, error) {
 		recs := make([]*kgo.Record, len(rows))
 		for i, r := range rows {

@@ -9,7 +9,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxref/orders/internal/outbox"
 	"github.com/outboxref/orders/internal/outbox/internal/outboxtest"
@@ -39,15 +38,11 @@ func TestDrainToBroker(t *testing.T) {
 	t.Parallel()
 	e := outboxtest.Setup(t)
 	n := backlog(t, e, 40)
-	cl, err := kgo.NewClient(append(e.Conn, kgo.DefaultProduceTopic(outboxtest.Topic),
-		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)), kgo.ProducerLinger(0))...)
-	require.NoError(t, err)
-	defer cl.Close()
 	conn, err := e.DB.Pool.Acquire(context.Background())
 	require.NoError(t, err)
 	defer conn.Release()
 
-	got, err := drainloop.DrainToBroker(context.Background(), conn, cl, outboxtest.Topic, "bench", 7)
+	got, err := drainloop.DrainToBroker(context.Background(), conn, e.Conn, outboxtest.Topic, "bench", 7)
 	require.NoError(t, err)
 	assert.Equal(t, n, got)
 	assert.Zero(t, e.Count(t, "state <> 'delivered'"))
