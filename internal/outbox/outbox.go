@@ -93,7 +93,11 @@ import (
 // aggregate_id, aggregate_version) refuses a version written twice.
 type Event struct {
 	// ID is the event's identity for its whole life: consumers deduplicate
-	// on it. Insert generates it when zero; it is never regenerated.
+	// on it. Insert generates it when zero, as a UUIDv7; it is never
+	// regenerated. An id set by the caller should be time-ordered too: the
+	// relay marks events delivered in the order they were written, and
+	// each of those updates adds a primary-key entry next to the old one,
+	// so random ids spread a backlog's drain over the whole index.
 	ID uuid.UUID
 	// AggregateType and AggregateID name the aggregate that changed; the
 	// ID is the Kafka key, so one aggregate's events share a partition.
