@@ -99,17 +99,18 @@ func TestReadStartsAtItsFloor(t *testing.T) {
 	require.Less(t, 10*fromFloor.IndexBlocks(index), fromStart.IndexBlocks(index), "the read from the floor steps over the delivered rows:\n%s", fromFloor)
 }
 
-// TestConfirmPlansForTheTableAsItIs: the confirm, and the release of a
-// batch the broker refused, must find their rows by primary key however
-// many rows are pending and whatever the planner was told about them. A
-// plan that walks the pending rows instead costs O(pending) per batch: under
-// a burst each confirm gets slower as the backlog grows, and the backlog
-// grows as the confirms slow down. Each case runs both statements ten times
-// on one connection (pgx prepares them once; PostgreSQL may then keep a
-// generic plan), with the table analysed while it was empty or while it
-// held only delivered rows; the table then takes 20,000 pending rows, and a
-// confirm or release of ten of them may read only a few rows of it
-// (pg_stat_xact_user_tables, counted inside the statement's transaction).
+// TestConfirmPlansForTheTableAsItIs: the confirm, the release of a batch
+// the broker refused, and the settle of a batch of shadow rows must find
+// their rows by primary key however many rows are pending and whatever the
+// planner was told about them. A plan that walks the pending rows instead
+// costs O(pending) per batch: under a burst each confirm gets slower as the
+// backlog grows, and the backlog grows as the confirms slow down. Each case
+// runs the three statements ten times on one connection (pgx prepares them
+// once; PostgreSQL may then keep a generic plan), with the table analysed
+// while it was empty or while it held only delivered rows; the table then
+// takes 20,000 pending rows, and each statement on ten of them may read
+// only a few rows of it (pg_stat_xact_user_tables, counted inside the
+// statement's transaction).
 func TestConfirmPlansForTheTableAsItIs(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -179,14 +180,28 @@ func TestConfirmPlansForTheTableAsItIs(t *testing.T) {
 				require.NoError(t, err)
 				return done
 			}
+			settle := func(db outboxdb.Batcher, ids []uuid.UUID) []uuid.UUID {
+				t.Helper()
+				p := outboxdb.ShadowSettleParams{EventIDs: ids, FencePartitions: fence.FencePartitions,
+					FenceEpochs: fence.FenceEpochs, Owner: fence.Owner}
+				for range ids {
+					p.EventTypes = append(p.EventTypes, "thing.happened")
+					p.Results = append(p.Results, "match")
+					p.Details = append(p.Details, "")
+				}
+				done, err := outboxdb.ShadowSettleCustomPlan(ctx, db, p)
+				require.NoError(t, err)
+				return done
+			}
 			for range 10 {
 				require.Empty(t, confirm(pool, []uuid.UUID{uuid.New(), uuid.New()}))
 				require.Empty(t, release(pool, []uuid.UUID{uuid.New(), uuid.New()}))
+				require.Empty(t, settle(pool, []uuid.UUID{uuid.New(), uuid.New()}))
 			}
 
 			insertPending(t, db, 20000)
 			var ids []uuid.UUID
-			rows, err := db.Pool.Query(ctx, `SELECT event_id FROM outbox WHERE state = 'pending' ORDER BY next_attempt_at LIMIT 20`)
+			rows, err := db.Pool.Query(ctx, `SELECT event_id FROM outbox WHERE state = 'pending' ORDER BY next_attempt_at LIMIT 30`)
 			require.NoError(t, err)
 			ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
 			require.NoError(t, err)
@@ -195,7 +210,7 @@ func TestConfirmPlansForTheTableAsItIs(t *testing.T) {
 				name string
 				run  func(outboxdb.Batcher, []uuid.UUID) []uuid.UUID
 				ids  []uuid.UUID
-			}{{"confirm", confirm, ids[:10]}, {"release", release, ids[10:]}} {
+			}{{"confirm", confirm, ids[:10]}, {"release", release, ids[10:20]}, {"shadow settle", settle, ids[20:]}} {
 				var read int64
 				require.NoError(t, pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 					stats := func() (n int64) {

@@ -76,7 +76,7 @@ func (r *Relay) settleShadow(ctx context.Context, outs []shadowOutcome) error {
 	}
 	var ids []uuid.UUID
 	err := retrySafe(ctx, func() (err error) {
-		ids, err = outboxdb.New(r.cfg.Pool).ShadowSettle(ctx, p)
+		ids, err = outboxdb.ShadowSettleCustomPlan(ctx, r.cfg.Pool, p)
 		return err
 	})
 	if err != nil {

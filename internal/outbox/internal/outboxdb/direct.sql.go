@@ -111,7 +111,8 @@ WITH fence AS (
     SELECT unnest($4::uuid[]) AS event_id,
            unnest($5::text[]) AS event_type,
            unnest($6::text[]) AS result,
-           unnest($7::text[]) AS detail
+           unnest($7::text[]) AS detail,
+           'pending'::text AS from_state
 ), done AS (
     UPDATE outbox o
     SET state            = 'delivered',
@@ -120,7 +121,7 @@ WITH fence AS (
         broker_offset    = l.broker_offset
     FROM r LEFT JOIN outbox_direct_log l ON l.event_id = r.event_id
     WHERE o.event_id = r.event_id
-      AND o.state = 'pending'
+      AND o.state = r.from_state
       AND o.relay_partition IN (SELECT partition FROM fence)
     RETURNING o.event_id
 ), logged AS (
@@ -150,7 +151,11 @@ type ShadowSettleParams struct {
 // direct path logged, fenced by the partition epoch like a confirm
 // (OutboxConfirm), and the comparison's result goes to the log (a row with
 // only the result when the direct path logged nothing). Rows not returned
-// were lost to another relay, which compares them again.
+// were lost to another relay, which compares them again. The rows are
+// found by primary key, for the reasons the confirm's are (OutboxConfirm):
+// the state is compared with a column of the batch, never with the
+// literal, and the caller plans each execution afresh
+// (outboxdb.ShadowSettleCustomPlan).
 func (q *Queries) ShadowSettle(ctx context.Context, arg ShadowSettleParams) ([]uuid.UUID, error) {
 	rows, err := q.db.Query(ctx, shadowSettle,
 		arg.FencePartitions,

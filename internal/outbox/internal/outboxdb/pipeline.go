@@ -24,7 +24,7 @@ type Batcher interface {
 }
 
 // CustomPlan is set before the relay's statements that update a batch's
-// rows by id (the confirm, the release): each execution is planned for the
+// rows by id (the confirm, the release, the shadow settle): each execution is planned for the
 // table as it is and for the batch's ids. pgx prepares a statement once per
 // connection, and after five executions PostgreSQL may keep a generic plan
 // made for the table as it was then: one made while the outbox was nearly
@@ -65,6 +65,12 @@ func OutboxConfirmRelaxed(ctx context.Context, db Batcher, arg OutboxConfirmPara
 // round trip.
 func OutboxReleaseCustomPlan(ctx context.Context, db Batcher, arg OutboxReleaseParams) ([]uuid.UUID, error) {
 	return New(Prefixed{DB: db, Setting: CustomPlan}).OutboxRelease(ctx, arg)
+}
+
+// ShadowSettleCustomPlan runs ShadowSettle after CustomPlan, in one
+// round trip.
+func ShadowSettleCustomPlan(ctx context.Context, db Batcher, arg ShadowSettleParams) ([]uuid.UUID, error) {
+	return New(Prefixed{DB: db, Setting: CustomPlan}).ShadowSettle(ctx, arg)
 }
 
 // OutboxConfirmThenRead runs OutboxConfirmRelaxed and then
