@@ -136,6 +136,43 @@ func (b *bench) apiRun(ctx context.Context, sc string, relay bool) (loadResult, 
 	return res, b.stopProc(sc, broker)
 }
 
+// bareRun measures cmd/bench/bareapi, the least a Go HTTP service must do
+// for POST /orders, on a fresh database under the same closed loop.
+func (b *bench) bareRun(ctx context.Context, sc string) (loadResult, error) {
+	db, err := b.ordersDB(ctx, "bare")
+	if err != nil {
+		return loadResult{}, err
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return loadResult{}, err
+	}
+	const name = "bareapi"
+	srv, err := b.start(name, b.bins["bareapi"], map[string]string{
+		"DATABASE_URL": b.dbURL(db), "BAREAPI_ADDR": addr, "BAREAPI_TOKEN": customerToken})
+	if err != nil {
+		return loadResult{}, err
+	}
+	base := "http://" + addr
+	if err := srv.waitHTTP(ctx, base+"/readyz"); err != nil {
+		return loadResult{}, err
+	}
+	meter := startCPU(map[string]int{name: srv.pid(), "bench (load)": selfPID()}, b.runID)
+	res, err := b.closedLoad(ctx, meter, base, b.opts.Conns, b.opts.APIDuration)
+	if err != nil {
+		return res, err
+	}
+	res.CPU = meter.stop()
+	if err := srv.check(); err != nil {
+		return res, err
+	}
+	if res.OK == 0 {
+		return res, fmt.Errorf("%s: no order was created (%d failures); end of its log:\n%s", name, res.Other, tail(srv.logPath, 10))
+	}
+	b.logf("%s: %d orders in %s (%d failed requests); %s", name, res.OK, res.Duration.Round(time.Millisecond), res.Other, res.CPU)
+	return res, b.stopProc(sc, srv)
+}
+
 // pgbenchRun runs one of the POST /orders scripts with pgbench on a fresh
 // database and returns its transactions per second.
 func (b *bench) pgbenchRun(ctx context.Context, name, text string) (float64, cores, error) {
@@ -186,6 +223,10 @@ func (b *bench) apiScenario(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	bare, err := b.bareRun(ctx, sc)
+	if err != nil {
+		return err
+	}
 	tps, pgCPU, err := b.pgbenchRun(ctx, "pipelined", pgbenchPipelined)
 	if err != nil {
 		return err
@@ -205,13 +246,19 @@ func (b *bench) apiScenario(ctx context.Context) error {
 		Note: "the same statements inside BEGIN and COMMIT, each in its own round trip: five per order"})
 	b.rep.add(result{Scenario: sc, Figure: "relay on / relay off", Value: on.rate(), Unit: "orders/s",
 		Reference: "relay off", RefValue: off.rate(), Target: "-"})
+	b.rep.add(result{Scenario: sc, Figure: "bare net/http and pgx (cmd/bench/bareapi)", Value: bare.rate(), Unit: "orders/s",
+		Reference: ref, RefValue: tps, Target: "-",
+		Note: "the least a Go HTTP service must do for the create: token, JSON in and out, UUIDv7s, the payload, the same three statements in one round trip from 16 connections; no router, idempotency, logs, metrics, traces or relay"})
+	b.rep.add(result{Scenario: sc, Figure: "POST /orders, relay off", Value: off.rate(), Unit: "orders/s",
+		Reference: "bare net/http and pgx", RefValue: bare.rate(), Target: "-",
+		Note: "what the service's own machinery costs beyond the least"})
 	// Where the CPU went: on a machine whose cores are all busy, the
 	// service's own share (and the broker's, with the relay on) is what
 	// pgbench does not pay.
 	for _, run := range []struct {
 		name string
 		c    cores
-	}{{"relay on", on.CPU}, {"relay off", off.CPU}, {"pgbench", pgCPU}} {
+	}{{"relay on", on.CPU}, {"relay off", off.CPU}, {"bare", bare.CPU}, {"pgbench", pgCPU}} {
 		b.rep.add(result{Scenario: sc, Figure: "cores busy, " + run.name, Value: run.c.Machine, Unit: "cores",
 			Reference: "cores", RefValue: float64(runtime.NumCPU()), Target: "-", Note: run.c.String()})
 		b.addCores(sc, run.name+": ", run.c)

@@ -117,19 +117,20 @@ func run(ctx context.Context, opts options, out io.Writer) (err error) {
 	return nil
 }
 
-// build compiles the three binaries into the temporary directory.
+// build compiles the binaries into the temporary directory: the two
+// services, the broker and the api scenario's bare HTTP reference.
 func (b *bench) build(ctx context.Context) error {
 	root, err := moduleRoot(ctx)
 	if err != nil {
 		return err
 	}
 	binDir := filepath.Join(b.dir, "bin")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", binDir+"/", "./cmd/orders", "./cmd/notifier", "./cmd/devbroker")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", binDir+"/", "./cmd/orders", "./cmd/notifier", "./cmd/devbroker", "./cmd/bench/bareapi")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go build: %w\n%s", err, out)
 	}
-	for _, n := range []string{"orders", "notifier", "devbroker"} {
+	for _, n := range []string{"orders", "notifier", "devbroker", "bareapi"} {
 		b.bins[n] = filepath.Join(binDir, n)
 	}
 	return nil
