@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
@@ -90,4 +91,67 @@ func TestDirectLogCleanupSeeksPastWhatItDeleted(t *testing.T) {
 	t.Logf("from the start, %d blocks:\n%s", fromStart, plan)
 	require.LessOrEqual(t, fromLast, int64(30), "the batch after 39,000 deleted lines walks them")
 	require.GreaterOrEqual(t, fromStart, int64(80), "the walk from the start should cross the deleted lines' entries")
+}
+
+// TestRepairsFindParkedRowsByPrimaryKey: a repair and each batch of a bulk
+// resume look parked rows up by id, and must cost one index lookup per id
+// however many rows are pending. Repairs come during incidents, when a
+// backlog is likely. With the state compared as a literal, the partial
+// index of undelivered rows can answer the statement, and with statistics
+// taken while nothing was pending the planner walks all of them for the
+// ids (OutboxConfirm in the outbox's queries has the same trap and the same
+// cure). Here the table was analysed holding 20,000 delivered rows, then
+// took 20,000 pending rows and 10 parked ones.
+func TestRepairsFindParkedRowsByPrimaryKey(t *testing.T) {
+	t.Parallel()
+	db := outboxtest.NewDB(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = false)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `
+		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
+		                    created_at, next_attempt_at, state, delivered_at)
+		SELECT md5('d' || g)::uuid, 'thing', 'd' || g, 1, 'thing.happened', 1, '{}',
+		       now() - interval '2 hours', now() - interval '2 hours', 'delivered', now() - interval '2 hours'
+		FROM generate_series(1, 20000) AS g`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `ANALYZE outbox`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `
+		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
+		                    created_at, next_attempt_at, state, last_error_class, last_error)
+		SELECT md5('e' || g)::uuid, 'thing', 'a' || g, 1, 'thing.happened', 1, '{}',
+		       now() - interval '1 hour', now() - interval '1 hour',
+		       CASE WHEN g <= 10 THEN 'parked' ELSE 'pending' END,
+		       CASE WHEN g <= 10 THEN 'deterministic' END, CASE WHEN g <= 10 THEN 'refused' END
+		FROM generate_series(1, 20010) AS g`)
+	require.NoError(t, err)
+	rows, err := db.Pool.Query(ctx, `SELECT event_id FROM outbox WHERE state = 'parked' ORDER BY event_id`)
+	require.NoError(t, err)
+	parked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	require.Len(t, parked, 10)
+
+	for _, tc := range []struct {
+		name string
+		run  func(ctx context.Context, q *opsdb.Queries)
+	}{
+		{"GroupParkedLock", func(ctx context.Context, q *opsdb.Queries) {
+			locked, err := q.GroupParkedLock(ctx, parked)
+			require.NoError(t, err)
+			require.Len(t, locked, 10)
+		}},
+		{"AdminRepair", func(ctx context.Context, q *opsdb.Queries) {
+			_, err := q.AdminRepair(ctx, opsdb.AdminRepairParams{Payload: []byte(`{}`), SchemaVersion: 1, Note: "fixed", EventID: parked[0]})
+			require.NoError(t, err)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			plan := outboxtest.ExplainGenerated(t, db, "", func(ctx context.Context, tx pgx.Tx) {
+				tc.run(ctx, opsdb.New(tx))
+			})
+			t.Log(plan)
+			require.LessOrEqual(t, plan.RowsRead("outbox"), int64(100), "walks the pending rows:\n%s", plan)
+		})
+	}
 }

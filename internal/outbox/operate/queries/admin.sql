@@ -32,10 +32,16 @@ SELECT * FROM outbox_archive WHERE event_id = @event_id;
 -- name: AdminRepair :one
 -- Replaces the payload and schema version of a parked event. It stays
 -- parked until an operator resumes it: repair and resume are two decisions.
+-- The row is found by primary key: the state is compared with a value the
+-- planner learns only when the statement runs (a subquery), never with the
+-- literal, which would let it walk every undelivered row through the
+-- partial index outbox_undelivered_aggregate_idx whenever its statistics
+-- say there are few. Repairs come during incidents, when a backlog is
+-- likely (plan_test.go, TestRepairsFindParkedRowsByPrimaryKey).
 UPDATE outbox
 SET payload = @payload, schema_version = @schema_version,
     last_error_class = 'repaired', last_error = left(@note::text, 1024)
-WHERE event_id = @event_id AND state = 'parked'
+WHERE event_id = @event_id AND state = (SELECT 'parked'::text)
 RETURNING *;
 
 -- name: AdminResume :many
@@ -191,7 +197,8 @@ WHERE plan_id = @plan_id AND event_id = @event_id AND state = 'planned'
 -- name: GroupParkedRows :many
 -- Every parked event's identity and failure, for the failure groups. The
 -- fingerprint is computed in Go (groups.go), one rule for the list and the
--- bulk actions. Reads only parked rows.
+-- bulk actions. Returns only parked rows; it reads them through the index
+-- of undelivered rows, so under a backlog it steps over the pending ones.
 SELECT event_id, event_type, created_at, last_error_class, last_error
 FROM outbox
 WHERE state = 'parked'
@@ -199,9 +206,10 @@ ORDER BY created_at, event_id;
 
 -- name: GroupParkedLock :many
 -- The parked rows among a batch of ids, locked for a bulk resume, which
--- checks each is still in its group before releasing it.
+-- checks each is still in its group before releasing it. Found by primary
+-- key, as AdminRepair's row is and for the same reason.
 SELECT * FROM outbox
-WHERE state = 'parked' AND event_id = ANY (@event_ids::uuid[])
+WHERE state = (SELECT 'parked'::text) AND event_id = ANY (@event_ids::uuid[])
 ORDER BY event_id
 FOR UPDATE;
 

@@ -236,7 +236,7 @@ const adminRepair = `-- name: AdminRepair :one
 UPDATE outbox
 SET payload = $1, schema_version = $2,
     last_error_class = 'repaired', last_error = left($3::text, 1024)
-WHERE event_id = $4 AND state = 'parked'
+WHERE event_id = $4 AND state = (SELECT 'parked'::text)
 RETURNING event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode, relay_partition
 `
 
@@ -249,6 +249,12 @@ type AdminRepairParams struct {
 
 // Replaces the payload and schema version of a parked event. It stays
 // parked until an operator resumes it: repair and resume are two decisions.
+// The row is found by primary key: the state is compared with a value the
+// planner learns only when the statement runs (a subquery), never with the
+// literal, which would let it walk every undelivered row through the
+// partial index outbox_undelivered_aggregate_idx whenever its statistics
+// say there are few. Repairs come during incidents, when a backlog is
+// likely (plan_test.go, TestRepairsFindParkedRowsByPrimaryKey).
 func (q *Queries) AdminRepair(ctx context.Context, arg AdminRepairParams) (Outbox, error) {
 	row := q.db.QueryRow(ctx, adminRepair,
 		arg.Payload,
@@ -697,13 +703,14 @@ func (q *Queries) EventsByTrace(ctx context.Context, traceID string) ([]EventsBy
 
 const groupParkedLock = `-- name: GroupParkedLock :many
 SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload, traceparent, created_at, state, lease_owner, lease_token, lease_expires_at, attempts, next_attempt_at, last_error_class, last_error, broker_partition, broker_offset, delivered_at, tracestate, publish_mode, relay_partition FROM outbox
-WHERE state = 'parked' AND event_id = ANY ($1::uuid[])
+WHERE state = (SELECT 'parked'::text) AND event_id = ANY ($1::uuid[])
 ORDER BY event_id
 FOR UPDATE
 `
 
 // The parked rows among a batch of ids, locked for a bulk resume, which
-// checks each is still in its group before releasing it.
+// checks each is still in its group before releasing it. Found by primary
+// key, as AdminRepair's row is and for the same reason.
 func (q *Queries) GroupParkedLock(ctx context.Context, eventIds []uuid.UUID) ([]Outbox, error) {
 	rows, err := q.db.Query(ctx, groupParkedLock, eventIds)
 	if err != nil {
@@ -765,7 +772,8 @@ type GroupParkedRowsRow struct {
 
 // Every parked event's identity and failure, for the failure groups. The
 // fingerprint is computed in Go (groups.go), one rule for the list and the
-// bulk actions. Reads only parked rows.
+// bulk actions. Returns only parked rows; it reads them through the index
+// of undelivered rows, so under a backlog it steps over the pending ones.
 func (q *Queries) GroupParkedRows(ctx context.Context) ([]GroupParkedRowsRow, error) {
 	rows, err := q.db.Query(ctx, groupParkedRows)
 	if err != nil {
