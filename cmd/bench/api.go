@@ -116,23 +116,11 @@ func (b *bench) apiRun(ctx context.Context, sc string, relay bool) (loadResult, 
 	if err != nil {
 		return loadResult{}, err
 	}
-	meter := startCPU(map[string]int{"orders serve": srv.pid(), "devbroker": broker.pid(), "bench (load)": selfPID()}, b.runID)
-	res, err := b.closedLoad(ctx, meter, base, b.opts.Conns, b.opts.APIDuration)
+	res, err := b.loadRun(ctx, sc, srv, base, map[string]int{"orders serve": srv.pid(), "devbroker": broker.pid()})
 	if err != nil {
 		return res, err
 	}
-	res.CPU = meter.stop()
 	b.rep.LoadTool = res.Tool
-	if err := srv.check(); err != nil {
-		return res, err
-	}
-	if res.OK == 0 {
-		return res, fmt.Errorf("%s: no order was created (%d failures); end of its log:\n%s", name, res.Other, tail(srv.logPath, 10))
-	}
-	b.logf("%s: %d orders in %s (%d failed requests); %s", name, res.OK, res.Duration.Round(time.Millisecond), res.Other, res.CPU)
-	if err := b.stopProc(sc, srv); err != nil {
-		return res, err
-	}
 	return res, b.stopProc(sc, broker)
 }
 
@@ -157,7 +145,15 @@ func (b *bench) bareRun(ctx context.Context, sc string) (loadResult, error) {
 	if err := srv.waitHTTP(ctx, base+"/readyz"); err != nil {
 		return loadResult{}, err
 	}
-	meter := startCPU(map[string]int{name: srv.pid(), "bench (load)": selfPID()}, b.runID)
+	return b.loadRun(ctx, sc, srv, base, map[string]int{name: srv.pid()})
+}
+
+// loadRun puts the closed-loop load of POST /orders on srv at base,
+// measuring the CPU of the processes in pids and of the load generator,
+// and stops srv, recording its peak RSS under sc.
+func (b *bench) loadRun(ctx context.Context, sc string, srv *proc, base string, pids map[string]int) (loadResult, error) {
+	pids["bench (load)"] = selfPID()
+	meter := startCPU(pids, b.runID)
 	res, err := b.closedLoad(ctx, meter, base, b.opts.Conns, b.opts.APIDuration)
 	if err != nil {
 		return res, err
@@ -167,9 +163,9 @@ func (b *bench) bareRun(ctx context.Context, sc string) (loadResult, error) {
 		return res, err
 	}
 	if res.OK == 0 {
-		return res, fmt.Errorf("%s: no order was created (%d failures); end of its log:\n%s", name, res.Other, tail(srv.logPath, 10))
+		return res, fmt.Errorf("%s: no order was created (%d failures); end of its log:\n%s", srv.name, res.Other, tail(srv.logPath, 10))
 	}
-	b.logf("%s: %d orders in %s (%d failed requests); %s", name, res.OK, res.Duration.Round(time.Millisecond), res.Other, res.CPU)
+	b.logf("%s: %d orders in %s (%d failed requests); %s", srv.name, res.OK, res.Duration.Round(time.Millisecond), res.Other, res.CPU)
 	return res, b.stopProc(sc, srv)
 }
 

@@ -127,17 +127,7 @@ func TestConfirmPlansForTheTableAsItIs(t *testing.T) {
 			session := tc.session
 			db := newTestDB(t)
 			ctx := context.Background()
-			_, err := db.Pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = false)`)
-			require.NoError(t, err)
-			_, err = db.Pool.Exec(ctx, `
-				INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
-				                    created_at, next_attempt_at, state, delivered_at)
-				SELECT md5('d' || g)::uuid, 'thing', 'd' || g, 1, 'thing.happened', 1, '{}',
-				       now() - interval '2 hours', now() - interval '2 hours', 'delivered', now() - interval '2 hours'
-				FROM generate_series(1, $1::integer) AS g`, tc.delivered)
-			require.NoError(t, err)
-			_, err = db.Pool.Exec(ctx, `ANALYZE outbox`)
-			require.NoError(t, err)
+			outboxtest.AnalyseDelivered(t, db, tc.delivered)
 			cfg, err := pgxpool.ParseConfig(db.URL)
 			require.NoError(t, err)
 			cfg.MaxConns = 1 // one connection: the last confirm runs the statement the first ones prepared

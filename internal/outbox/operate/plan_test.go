@@ -106,18 +106,8 @@ func TestRepairsFindParkedRowsByPrimaryKey(t *testing.T) {
 	t.Parallel()
 	db := outboxtest.NewDB(t)
 	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = false)`)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `
-		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
-		                    created_at, next_attempt_at, state, delivered_at)
-		SELECT md5('d' || g)::uuid, 'thing', 'd' || g, 1, 'thing.happened', 1, '{}',
-		       now() - interval '2 hours', now() - interval '2 hours', 'delivered', now() - interval '2 hours'
-		FROM generate_series(1, 20000) AS g`)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `ANALYZE outbox`)
-	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, `
+	outboxtest.AnalyseDelivered(t, db, 20000)
+	_, err := db.Pool.Exec(ctx, `
 		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
 		                    created_at, next_attempt_at, state, last_error_class, last_error)
 		SELECT md5('e' || g)::uuid, 'thing', 'a' || g, 1, 'thing.happened', 1, '{}',

@@ -60,6 +60,27 @@ func LoadBacklog(t testing.TB, db *DB) {
 
 }
 
+// AnalyseDelivered turns autovacuum off for outbox, fills it with n
+// delivered rows of two hours ago and analyses it: statistics that say
+// nothing is pending or parked, as after a relay caught up. The tests of
+// the statements that look rows up by id then add the rows they update
+// and check that those statements do not walk them.
+func AnalyseDelivered(t testing.TB, db *DB, n int) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `ALTER TABLE outbox SET (autovacuum_enabled = false)`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `
+		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
+		                    created_at, next_attempt_at, state, delivered_at)
+		SELECT md5('d' || g)::uuid, 'thing', 'd' || g, 1, 'thing.happened', 1, '{}',
+		       now() - interval '2 hours', now() - interval '2 hours', 'delivered', now() - interval '2 hours'
+		FROM generate_series(1, $1::integer) AS g`, n)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `ANALYZE outbox`)
+	require.NoError(t, err)
+}
+
 // ExplainGenerated runs fn, which calls one generated query, in a
 // transaction that is rolled back, with the statement recorded as the
 // driver sent it; then runs that statement again under EXPLAIN ANALYZE,
