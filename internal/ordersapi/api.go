@@ -13,6 +13,7 @@
 package ordersapi
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -25,6 +26,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -403,15 +405,23 @@ func (a *api) fail(w http.ResponseWriter, r *http.Request, err error) {
 // when it cannot.
 func (a *api) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	// The Content-Type is not checked: the body must simply be JSON, which
-	// spares curl users the form-encoding default of -d.
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
-	if err == nil && dec.More() {
-		err = errors.New("unexpected data after the JSON object")
-	} else if err == nil {
-		if _, terr := dec.Token(); terr != io.EOF {
+	// spares curl users the form-encoding default of -d. JSON is UTF-8:
+	// encoding/json would turn each invalid byte into U+FFFD, storing (and
+	// mailing) a value the client never sent, so such a body is refused.
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err == nil && !utf8.Valid(body) {
+		err = errors.New("the body is not valid UTF-8")
+	}
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(v)
+		if err == nil && dec.More() {
 			err = errors.New("unexpected data after the JSON object")
+		} else if err == nil {
+			if _, terr := dec.Token(); terr != io.EOF {
+				err = errors.New("unexpected data after the JSON object")
+			}
 		}
 	}
 	if err == nil {

@@ -377,6 +377,14 @@ func TestInputValidation(t *testing.T) {
 		r := c.do("POST", "/orders", "dev-alice", string(b)+" {}")
 		require.Equal(t, http.StatusBadRequest, r.Status)
 	})
+	t.Run("InvalidUTF8", func(t *testing.T) {
+		// JSON is UTF-8. A decoder would quietly turn the bad byte into
+		// U+FFFD, and an address the customer never typed would be stored
+		// and mailed; the body is refused instead.
+		r := c.do("POST", "/orders", "dev-alice", "{\"email\":\"al\xffce@example.com\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"X\",\"quantity\":1,\"unit_price_cents\":1}]}")
+		require.Equal(t, http.StatusBadRequest, r.Status)
+		require.Contains(t, string(r.Body), "UTF-8")
+	})
 	t.Run("FieldsNamed", func(t *testing.T) {
 		r := c.do("POST", "/orders", "dev-alice", map[string]any{
 			"email": "not-an-email", "currency": "eur",
