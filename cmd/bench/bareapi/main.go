@@ -1,7 +1,7 @@
 // Command bareapi is a reference of cmd/bench's api scenario: the least
 // an HTTP service written in Go with net/http and pgx must do for
-// POST /orders, and nothing else. It checks the bearer token, decodes and
-// checks the body, makes the order's and the event's UUIDv7, builds the
+// POST /orders, and nothing else. It checks the bearer token, decodes the
+// body and checks it as the service does (orders.CreateInput), makes the order's and the event's UUIDv7, builds the
 // order.placed payload, sends the order, its lines and its outbox row in
 // one round trip (a pgx.Batch outside an explicit transaction, as the
 // orders service does) from a pool of 16 connections, and answers 201
@@ -19,16 +19,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	pgxuuid "github.com/vgarvardt/pgx-google-uuid/v5"
+
+	"github.com/outboxref/orders/internal/orders"
 )
 
 func main() {
@@ -93,12 +97,6 @@ type item struct {
 	UnitPriceCents int64  `json:"unit_price_cents"`
 }
 
-type request struct {
-	Email    string `json:"email"`
-	Currency string `json:"currency"`
-	Items    []item `json:"items"`
-}
-
 type order struct {
 	ID         uuid.UUID `json:"id"`
 	Customer   string    `json:"customer"`
@@ -131,14 +129,21 @@ func newHandler(pool *pgxpool.Pool, token string) http.Handler {
 			http.Error(w, "unauthorized", http.StatusUnauthorized)
 			return
 		}
-		var in request
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&in); err != nil {
+		// A bounded body of valid UTF-8 (JSON's encoding), as the service reads it.
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
+		var in orders.CreateInput
+		if err != nil || !utf8.Valid(body) || json.Unmarshal(body, &in) != nil {
 			http.Error(w, "bad body", http.StatusBadRequest)
+			return
+		}
+		// The service's own check of the input: what any create must check.
+		if err := in.Validate(); err != nil {
+			http.Error(w, err.Error(), http.StatusUnprocessableEntity)
 			return
 		}
 		o, err := place(r.Context(), pool, "bench", in)
 		if err != nil {
-			http.Error(w, err.Error(), http.StatusUnprocessableEntity)
+			http.Error(w, "database error", http.StatusInternalServerError)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -148,21 +153,18 @@ func newHandler(pool *pgxpool.Pool, token string) http.Handler {
 	return mux
 }
 
-// place writes the order, its lines and its event in one round trip.
-func place(ctx context.Context, pool *pgxpool.Pool, customer string, in request) (order, error) {
-	if in.Email == "" || len(in.Currency) != 3 || len(in.Items) == 0 {
-		return order{}, errors.New("email, currency and items are required")
-	}
-	o := order{Customer: customer, Email: in.Email, Currency: in.Currency, Status: "placed", Items: in.Items, Version: 1,
+// place writes the order, its lines and its event in one round trip. in
+// has passed Validate, which bounds every number.
+func place(ctx context.Context, pool *pgxpool.Pool, customer string, in orders.CreateInput) (order, error) {
+	o := order{Customer: customer, Email: in.Email, Currency: in.Currency, Status: "placed", Version: 1,
 		PlacedAt: time.Now().UTC()}
 	n := len(in.Items)
+	o.Items = make([]item, n)
 	lines, skus, qty, prices := make([]int32, n), make([]string, n), make([]int32, n), make([]int64, n)
 	for i, it := range in.Items {
-		if it.SKU == "" || it.Quantity <= 0 || it.UnitPriceCents < 0 {
-			return order{}, errors.New("each item needs a sku, a quantity and a price")
-		}
-		lines[i], skus[i], qty[i], prices[i] = int32(i+1), it.SKU, it.Quantity, it.UnitPriceCents
-		o.TotalCents += int64(it.Quantity) * it.UnitPriceCents
+		o.Items[i] = item{SKU: it.SKU, Quantity: int32(*it.Quantity), UnitPriceCents: *it.UnitPriceCents} // bounded by Validate
+		lines[i], skus[i], qty[i], prices[i] = int32(i+1), it.SKU, int32(*it.Quantity), *it.UnitPriceCents
+		o.TotalCents += *it.Quantity * *it.UnitPriceCents
 	}
 	var err error
 	if o.ID, err = uuid.NewV7(); err != nil {

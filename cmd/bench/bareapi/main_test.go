@@ -41,7 +41,16 @@ func TestCreateWritesTheOrderItsLineAndItsEvent(t *testing.T) {
 	const body = `{"email":"bench@example.com","currency":"EUR","items":[{"sku":"BOOK-1","quantity":2,"unit_price_cents":1250}]}`
 	require.Equal(t, http.StatusUnauthorized, post("wrong", body).StatusCode)
 	require.Equal(t, http.StatusBadRequest, post("secret", `{"email":`).StatusCode)
-	require.Equal(t, http.StatusUnprocessableEntity, post("secret", `{"email":"a@example.com","currency":"EUR","items":[]}`).StatusCode)
+	for name, bad := range map[string]string{
+		"no items":           `{"email":"a@example.com","currency":"EUR","items":[]}`,
+		"NUL in the email":   `{"email":"a\u0000@example.com","currency":"EUR","items":[{"sku":"B","quantity":1,"unit_price_cents":1}]}`,
+		"control character":  `{"email":"a@example.com","currency":"EUR","items":[{"sku":"B\u0007","quantity":1,"unit_price_cents":1}]}`,
+		"a total past int64": `{"email":"a@example.com","currency":"EUR","items":[{"sku":"B","quantity":9223372036854775807,"unit_price_cents":9223372036854775807}]}`,
+	} {
+		require.Equal(t, http.StatusUnprocessableEntity, post("secret", bad).StatusCode, name)
+	}
+	require.Equal(t, http.StatusBadRequest, post("secret", `{"email":"`+strings.Repeat("a", 70<<10)+`"}`).StatusCode, "a body past 64 KiB")
+	require.Equal(t, http.StatusBadRequest, post("secret", "{\"email\":\"a\xff@example.com\",\"currency\":\"EUR\",\"items\":[{\"sku\":\"B\",\"quantity\":1,\"unit_price_cents\":1}]}").StatusCode, "invalid UTF-8")
 
 	res := post("secret", body)
 	require.Equal(t, http.StatusCreated, res.StatusCode)
