@@ -16,24 +16,16 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/internal/gcdefaults"
 	"github.com/outboxref/orders/internal/healthcheck"
 	"github.com/outboxref/orders/internal/migrate"
 )
 
-// defaultMemoryLimit is the Go runtime's soft memory limit unless
-// GOMEMLIMIT sets one: under a backlog the collector then runs before the
-// heap doubles, which keeps the process near its working set (fetch
-// buffers and one batch) instead of twice it.
-const defaultMemoryLimit = 64 << 20
-
 func main() {
-	if os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(defaultMemoryLimit)
-	}
+	gcdefaults.Apply(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {

@@ -19,11 +19,13 @@ import (
 	"syscall"
 
 	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/internal/gcdefaults"
 	"github.com/outboxref/orders/internal/healthcheck"
 	"github.com/outboxref/orders/internal/migrate"
 )
 
 func main() {
+	gcdefaults.Apply(os.Getenv)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
