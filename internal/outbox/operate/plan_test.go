@@ -105,22 +105,7 @@ func TestDirectLogCleanupSeeksPastWhatItDeleted(t *testing.T) {
 func TestRepairsFindParkedRowsByPrimaryKey(t *testing.T) {
 	t.Parallel()
 	db := outboxtest.NewDB(t)
-	ctx := context.Background()
-	outboxtest.AnalyseDelivered(t, db, 20000)
-	_, err := db.Pool.Exec(ctx, `
-		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
-		                    created_at, next_attempt_at, state, last_error_class, last_error)
-		SELECT md5('e' || g)::uuid, 'thing', 'a' || g, 1, 'thing.happened', 1, '{}',
-		       now() - interval '1 hour', now() - interval '1 hour',
-		       CASE WHEN g <= 10 THEN 'parked' ELSE 'pending' END,
-		       CASE WHEN g <= 10 THEN 'deterministic' END, CASE WHEN g <= 10 THEN 'refused' END
-		FROM generate_series(1, 20010) AS g`)
-	require.NoError(t, err)
-	rows, err := db.Pool.Query(ctx, `SELECT event_id FROM outbox WHERE state = 'parked' ORDER BY event_id`)
-	require.NoError(t, err)
-	parked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
-	require.NoError(t, err)
-	require.Len(t, parked, 10)
+	parked := parkedAmongPending(t, db)
 
 	for _, tc := range []struct {
 		name string
@@ -144,4 +129,93 @@ func TestRepairsFindParkedRowsByPrimaryKey(t *testing.T) {
 			require.LessOrEqual(t, plan.RowsRead("outbox"), int64(100), "walks the pending rows:\n%s", plan)
 		})
 	}
+}
+
+// parkedAmongPending analyses the outbox holding 20,000 delivered rows,
+// then adds 20,000 pending rows and 10 parked ones, and returns the parked
+// rows' ids: the statistics say nothing is undelivered, the table holds a
+// backlog, and a few events of it are parked, as during an outage.
+func parkedAmongPending(t *testing.T, db *outboxtest.DB) []uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	outboxtest.AnalyseDelivered(t, db, 20000)
+	_, err := db.Pool.Exec(ctx, `
+		INSERT INTO outbox (event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version, payload,
+		                    created_at, next_attempt_at, state, last_error_class, last_error)
+		SELECT md5('e' || g)::uuid, 'thing', 'a' || g, 1, 'thing.happened', 1, '{}',
+		       now() - interval '1 hour', now() - interval '1 hour',
+		       CASE WHEN g <= 10 THEN 'parked' ELSE 'pending' END,
+		       CASE WHEN g <= 10 THEN 'deterministic' END, CASE WHEN g <= 10 THEN 'refused' END
+		FROM generate_series(1, 20010) AS g`)
+	require.NoError(t, err)
+	rows, err := db.Pool.Query(ctx, `SELECT event_id FROM outbox WHERE state = 'parked' ORDER BY event_id`)
+	require.NoError(t, err)
+	parked, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	require.Len(t, parked, 10)
+	return parked
+}
+
+// TestParkedRowsAreReadFromTheirOwnIndex: what an operator does with parked
+// events (list them, group them, resume some by id or all of a type) reads
+// the parked rows alone, from outbox_parked_idx, whether the statistics
+// know of the backlog or not. Before that index (migration 00010) only the
+// index of undelivered rows could answer state = 'parked', and each of
+// these statements walked every pending row too: under an outage's
+// backlog, the whole backlog for each page an operator looked at.
+func TestParkedRowsAreReadFromTheirOwnIndex(t *testing.T) {
+	t.Parallel()
+	db := outboxtest.NewDB(t)
+	parked := parkedAmongPending(t, db)
+	typ := "thing.happened"
+	cases := []struct {
+		name string
+		run  func(ctx context.Context, q *opsdb.Queries)
+	}{
+		{"AdminParked", func(ctx context.Context, q *opsdb.Queries) {
+			rows, err := q.AdminParked(ctx, opsdb.AdminParkedParams{RowLimit: 50})
+			require.NoError(t, err)
+			require.Len(t, rows, 10)
+		}},
+		{"AdminParkedOfAType", func(ctx context.Context, q *opsdb.Queries) {
+			rows, err := q.AdminParked(ctx, opsdb.AdminParkedParams{EventType: &typ, RowLimit: 50})
+			require.NoError(t, err)
+			require.Len(t, rows, 10)
+		}},
+		{"GroupParkedRows", func(ctx context.Context, q *opsdb.Queries) {
+			rows, err := q.GroupParkedRows(ctx)
+			require.NoError(t, err)
+			require.Len(t, rows, 10)
+		}},
+		{"AdminParkedForResumeByID", func(ctx context.Context, q *opsdb.Queries) {
+			rows, err := q.AdminParkedForResume(ctx, opsdb.AdminParkedForResumeParams{EventIDs: parked[:3]})
+			require.NoError(t, err)
+			require.Len(t, rows, 3)
+		}},
+		{"AdminResumeByID", func(ctx context.Context, q *opsdb.Queries) {
+			rows, err := q.AdminResume(ctx, opsdb.AdminResumeParams{EventIDs: parked[:3]})
+			require.NoError(t, err)
+			require.Len(t, rows, 3)
+		}},
+		{"AdminResumeOfAType", func(ctx context.Context, q *opsdb.Queries) {
+			rows, err := q.AdminResume(ctx, opsdb.AdminResumeParams{EventIDs: []uuid.UUID{}, EventType: &typ})
+			require.NoError(t, err)
+			require.Len(t, rows, 10)
+		}},
+	}
+	check := func(t *testing.T) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				plan := outboxtest.ExplainGenerated(t, db, "", func(ctx context.Context, tx pgx.Tx) {
+					tc.run(ctx, opsdb.New(tx))
+				})
+				t.Log(plan)
+				require.LessOrEqual(t, plan.RowsRead("outbox"), int64(100), "walks the pending rows:\n%s", plan)
+			})
+		}
+	}
+	t.Run("StaleStatistics", check)
+	_, err := db.Pool.Exec(context.Background(), `ANALYZE outbox`)
+	require.NoError(t, err)
+	t.Run("FreshStatistics", check)
 }

@@ -238,17 +238,29 @@ GROUP BY event_type;
 -- name: OutboxBlockedAggregates :many
 -- Aggregates whose earliest parked event holds back at least one later
 -- pending strict event (R6: a parked head blocks its aggregate and must be
--- visible), counted by the parked head's event type.
-SELECT h.event_type, count(*)::bigint AS blocked
-FROM (SELECT DISTINCT ON (p.aggregate_type, p.aggregate_id) p.event_type
-      FROM outbox p
-      WHERE p.state = 'parked'
-        AND EXISTS (SELECT 1
-                    FROM outbox l
-                    WHERE l.aggregate_type = p.aggregate_type
-                      AND l.aggregate_id = p.aggregate_id
-                      AND l.aggregate_version > p.aggregate_version
-                      AND l.state = 'pending'
-                      AND NOT (l.event_type = ANY (@independent_types::text[])))
-      ORDER BY p.aggregate_type, p.aggregate_id, p.aggregate_version) h
-GROUP BY h.event_type;
+-- visible), counted by the parked head's event type. Starts from the
+-- parked rows (outbox_parked_idx), never from the backlog, which is
+-- largest when this gauge matters. A parked row is its aggregate's head
+-- when no earlier version is parked; if a later parked row holds back a
+-- pending one, so does the head. The two lookups per parked row use the
+-- aggregate's unique key, with the states compared with subqueries' values:
+-- a literal would let the planner walk every undelivered row through the
+-- partial index whenever its statistics say there are none
+-- (TestBlockedGaugeReadsTheParkedRows).
+SELECT p.event_type, count(*)::bigint AS blocked
+FROM outbox p
+WHERE p.state = 'parked'
+  AND NOT EXISTS (SELECT 1
+                  FROM outbox e
+                  WHERE e.aggregate_type = p.aggregate_type
+                    AND e.aggregate_id = p.aggregate_id
+                    AND e.aggregate_version < p.aggregate_version
+                    AND e.state = (SELECT 'parked'::text))
+  AND EXISTS (SELECT 1
+              FROM outbox l
+              WHERE l.aggregate_type = p.aggregate_type
+                AND l.aggregate_id = p.aggregate_id
+                AND l.aggregate_version > p.aggregate_version
+                AND l.state = (SELECT 'pending'::text)
+                AND NOT (l.event_type = ANY (@independent_types::text[])))
+GROUP BY p.event_type;

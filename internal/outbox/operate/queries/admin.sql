@@ -9,7 +9,9 @@ ORDER BY event_type, state;
 
 -- name: AdminParked :many
 -- Parked events, oldest first, optionally of one type, one aggregate, or
--- parked since a time (the time of the last attempt).
+-- parked since a time (the time of the last attempt). This and the other
+-- statements that ask for state = 'parked' read outbox_parked_idx, which
+-- holds the parked rows alone (TestParkedRowsAreReadFromTheirOwnIndex).
 SELECT event_id, aggregate_type, aggregate_id, aggregate_version, event_type, schema_version,
        created_at, attempts, last_error_class, last_error
 FROM outbox
@@ -197,8 +199,8 @@ WHERE plan_id = @plan_id AND event_id = @event_id AND state = 'planned'
 -- name: GroupParkedRows :many
 -- Every parked event's identity and failure, for the failure groups. The
 -- fingerprint is computed in Go (groups.go), one rule for the list and the
--- bulk actions. Returns only parked rows; it reads them through the index
--- of undelivered rows, so under a backlog it steps over the pending ones.
+-- bulk actions. Reads the parked rows alone, from outbox_parked_idx
+-- (migration 00010), however large the backlog beside them.
 SELECT event_id, event_type, created_at, last_error_class, last_error
 FROM outbox
 WHERE state = 'parked'

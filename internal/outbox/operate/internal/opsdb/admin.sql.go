@@ -138,7 +138,9 @@ type AdminParkedRow struct {
 }
 
 // Parked events, oldest first, optionally of one type, one aggregate, or
-// parked since a time (the time of the last attempt).
+// parked since a time (the time of the last attempt). This and the other
+// statements that ask for state = 'parked' read outbox_parked_idx, which
+// holds the parked rows alone (TestParkedRowsAreReadFromTheirOwnIndex).
 func (q *Queries) AdminParked(ctx context.Context, arg AdminParkedParams) ([]AdminParkedRow, error) {
 	rows, err := q.db.Query(ctx, adminParked,
 		arg.EventType,
@@ -772,8 +774,8 @@ type GroupParkedRowsRow struct {
 
 // Every parked event's identity and failure, for the failure groups. The
 // fingerprint is computed in Go (groups.go), one rule for the list and the
-// bulk actions. Returns only parked rows; it reads them through the index
-// of undelivered rows, so under a backlog it steps over the pending ones.
+// bulk actions. Reads the parked rows alone, from outbox_parked_idx
+// (migration 00010), however large the backlog beside them.
 func (q *Queries) GroupParkedRows(ctx context.Context) ([]GroupParkedRowsRow, error) {
 	rows, err := q.db.Query(ctx, groupParkedRows)
 	if err != nil {
