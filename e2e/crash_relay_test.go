@@ -200,11 +200,25 @@ func TestStalledRelayIsFenced(t *testing.T) {
 		e["RELAY_LEASE"] = "6s"
 		return e
 	}
-	a := start(t, "orders", stalling(), "relay")
-	require.Eventually(t, func() bool { return strings.Contains(a.out.String(), "relay/after-produce reached: SIGSTOP") },
-		30*time.Second, 20*time.Millisecond, "A sent its batch and froze")
-	first := leasedRows(t, c)
-	require.NotEmpty(t, first, "A's batch is on the topic, unconfirmed")
+	// A freezes after its first batch's sends. On a machine loaded by the
+	// rest of the suite, its read can outlast the batch's produce deadline
+	// (which counts from the read), and then nothing was sent: there is
+	// nothing for the fence to refuse. Such an A is killed, and another one,
+	// which takes the partitions once the dead one's leases have expired,
+	// tries again.
+	var a *proc
+	var first map[uuid.UUID]bool
+	for attempt := 1; ; attempt++ {
+		a = start(t, "orders", stalling(), "relay")
+		require.Eventually(t, func() bool { return strings.Contains(a.out.String(), "relay/after-produce reached: SIGSTOP") },
+			30*time.Second, 20*time.Millisecond, "A sent its batch and froze")
+		if first = leasedRows(t, c); len(first) > 0 {
+			break
+		}
+		require.Less(t, attempt, 3, "A's batch is on the topic, unconfirmed: none of it was, in three attempts")
+		t.Logf("attempt %d: A froze with none of its batch on the topic; killing it and starting another", attempt)
+		a.kill(t)
+	}
 
 	b := start(t, "orders", stalling(), "relay") // takes the partitions once A's leases have expired
 	require.Eventually(t, func() bool { return strings.Contains(b.out.String(), "relay/after-produce reached: SIGSTOP") },
