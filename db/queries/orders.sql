@@ -64,15 +64,24 @@ SELECT pg_advisory_unlock(@lock_key::bigint);
 -- a large backlog would take time quadratic in it. The cutoff is now(), a
 -- stable value the index scan can stop at; with clock_timestamp() the
 -- run's last batch would read every key still within the retention.
+--
+-- The batch's rows are deleted by their physical address (ctid), which the
+-- planner can only fetch one by one. Matched by (customer, key) instead,
+-- with statistics from when the table was small, it hashed the batch and
+-- read the whole table to find them, each batch
+-- (TestKeyCleanupReadsOnlyItsBatch). A key is never updated, so its ctid
+-- holds within the statement; the cleanup's advisory lock keeps a second
+-- cleanup from deleting it meanwhile, and a row deleted meanwhile anyway
+-- would only be skipped.
 WITH gone AS (
     DELETE FROM idempotency_keys
-    WHERE (customer, key) IN (
-        SELECT k.customer, k.key FROM idempotency_keys k
+    WHERE ctid = ANY (ARRAY(
+        SELECT k.ctid FROM idempotency_keys k
         WHERE k.created_at < now() - make_interval(secs => @retention_seconds::float8)
           AND (k.created_at, k.customer, k.key) > (@after_created_at::timestamptz, @after_customer::text, @after_key::text)
         ORDER BY k.created_at, k.customer, k.key
         LIMIT @batch_size
-    )
+    ))
     RETURNING created_at, customer, key
 ), last AS (
     SELECT g.created_at, g.customer, g.key FROM gone g

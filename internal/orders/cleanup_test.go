@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/outboxref/orders/db/schema"
+	"github.com/outboxref/orders/internal/orders/ordersdb"
 	"github.com/outboxref/orders/internal/pgtest"
 )
 
@@ -115,4 +117,43 @@ func TestKeyCleanupSeeksPastWhatItDeleted(t *testing.T) {
 	t.Logf("from the start, %d blocks:\n%s", zero.IndexBlocks(index), zero)
 	require.LessOrEqual(t, plan.IndexBlocks(index), int64(30), "the batch after 40,000 deleted keys walks them")
 	require.GreaterOrEqual(t, zero.IndexBlocks(index), int64(150), "the walk from the start should cross the deleted keys' entries")
+}
+
+// TestKeyCleanupReadsOnlyItsBatch: a batch of the cleanup reads the keys
+// it deletes and no others, whatever the planner's statistics say. With
+// the batch matched to the table by (customer, key), statistics taken
+// while the table held 100 keys made the planner hash the batch and read
+// all 40,100 keys to find its 1,000: each batch of a run, so a run over a
+// backlog took time quadratic in it. The batch is deleted by its rows'
+// addresses (ctid), which can only be fetched one by one.
+func TestKeyCleanupReadsOnlyItsBatch(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t, schema.Orders()...)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `
+		INSERT INTO orders (id, customer, email, currency, status, total_cents, version, created_at, updated_at)
+		VALUES ('00000000-0000-7000-8000-000000000001', 'alice', 'a@example.com', 'EUR', 'placed', 1, 1, now(), now())`)
+	require.NoError(t, err)
+	load := func(from, to int) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, `
+			INSERT INTO idempotency_keys (customer, key, request_hash, order_id, created_at)
+			SELECT 'alice', 'key-' || lpad(g::text, 6, '0'), '\x00', '00000000-0000-7000-8000-000000000001',
+			       now() - interval '40 days' + g * interval '1 ms'
+			FROM generate_series($1::int, $2::int) g`, from, to)
+		require.NoError(t, err)
+	}
+	load(1, 100)
+	pgtest.FreezeStats(t, db.Pool, "idempotency_keys")
+	load(101, 40_100)
+
+	batch := pgtest.Capture(t, db.URL, func(ctx context.Context, tx pgx.Tx) {
+		r, err := ordersdb.New(tx).IdempotencyKeysCleanup(ctx, ordersdb.IdempotencyKeysCleanupParams{
+			AfterCreatedAt: time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC), RetentionSeconds: (30 * 24 * time.Hour).Seconds(), BatchSize: 1000})
+		require.NoError(t, err)
+		require.EqualValues(t, 1000, r.Deleted)
+	})
+	plan := pgtest.Explain(t, db.Pool, batch...)
+	t.Log(plan)
+	require.LessOrEqual(t, plan.RowsRead("idempotency_keys"), int64(2_100), "reads the whole table for its batch:\n%s", plan)
 }

@@ -82,13 +82,13 @@ func (q *Queries) IdempotencyKeyInsert(ctx context.Context, arg IdempotencyKeyIn
 const idempotencyKeysCleanup = `-- name: IdempotencyKeysCleanup :one
 WITH gone AS (
     DELETE FROM idempotency_keys
-    WHERE (customer, key) IN (
-        SELECT k.customer, k.key FROM idempotency_keys k
+    WHERE ctid = ANY (ARRAY(
+        SELECT k.ctid FROM idempotency_keys k
         WHERE k.created_at < now() - make_interval(secs => $4::float8)
           AND (k.created_at, k.customer, k.key) > ($1::timestamptz, $2::text, $3::text)
         ORDER BY k.created_at, k.customer, k.key
         LIMIT $5
-    )
+    ))
     RETURNING created_at, customer, key
 ), last AS (
     SELECT g.created_at, g.customer, g.key FROM gone g
@@ -128,6 +128,15 @@ type IdempotencyKeysCleanupRow struct {
 // a large backlog would take time quadratic in it. The cutoff is now(), a
 // stable value the index scan can stop at; with clock_timestamp() the
 // run's last batch would read every key still within the retention.
+//
+// The batch's rows are deleted by their physical address (ctid), which the
+// planner can only fetch one by one. Matched by (customer, key) instead,
+// with statistics from when the table was small, it hashed the batch and
+// read the whole table to find them, each batch
+// (TestKeyCleanupReadsOnlyItsBatch). A key is never updated, so its ctid
+// holds within the statement; the cleanup's advisory lock keeps a second
+// cleanup from deleting it meanwhile, and a row deleted meanwhile anyway
+// would only be skipped.
 func (q *Queries) IdempotencyKeysCleanup(ctx context.Context, arg IdempotencyKeysCleanupParams) (IdempotencyKeysCleanupRow, error) {
 	row := q.db.QueryRow(ctx, idempotencyKeysCleanup,
 		arg.AfterCreatedAt,
