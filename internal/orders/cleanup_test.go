@@ -56,24 +56,10 @@ func TestKeyCleanup(t *testing.T) {
 // blocks from its cursor against hundreds from the start.
 func TestKeyCleanupSeeksPastWhatItDeleted(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, schema.Orders()...)
+	db, load := expiredKeys(t)
 	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, `
-		ALTER TABLE idempotency_keys SET (autovacuum_enabled = false);
-		INSERT INTO orders (id, customer, email, currency, status, total_cents, version, created_at, updated_at)
-		VALUES ('00000000-0000-7000-8000-000000000001', 'alice', 'a@example.com', 'EUR', 'placed', 1, 1, now(), now())`)
-	require.NoError(t, err)
-	load := func(from, to int) {
-		t.Helper()
-		_, err := db.Pool.Exec(ctx, `
-			INSERT INTO idempotency_keys (customer, key, request_hash, order_id, created_at)
-			SELECT 'alice', 'key-' || lpad(g::text, 6, '0'), '\x00', '00000000-0000-7000-8000-000000000001',
-			       now() - interval '40 days' + g * interval '1 ms'
-			FROM generate_series($1::int, $2::int) g`, from, to)
-		require.NoError(t, err)
-	}
 	load(1, 40_000)
-	_, err = db.Pool.Exec(ctx, `ANALYZE idempotency_keys`)
+	_, err := db.Pool.Exec(ctx, `ANALYZE idempotency_keys`)
 	require.NoError(t, err)
 
 	rec := &pgtest.Recorder{}
@@ -128,21 +114,7 @@ func TestKeyCleanupSeeksPastWhatItDeleted(t *testing.T) {
 // addresses (ctid), which can only be fetched one by one.
 func TestKeyCleanupReadsOnlyItsBatch(t *testing.T) {
 	t.Parallel()
-	db := pgtest.New(t, schema.Orders()...)
-	ctx := context.Background()
-	_, err := db.Pool.Exec(ctx, `
-		INSERT INTO orders (id, customer, email, currency, status, total_cents, version, created_at, updated_at)
-		VALUES ('00000000-0000-7000-8000-000000000001', 'alice', 'a@example.com', 'EUR', 'placed', 1, 1, now(), now())`)
-	require.NoError(t, err)
-	load := func(from, to int) {
-		t.Helper()
-		_, err := db.Pool.Exec(ctx, `
-			INSERT INTO idempotency_keys (customer, key, request_hash, order_id, created_at)
-			SELECT 'alice', 'key-' || lpad(g::text, 6, '0'), '\x00', '00000000-0000-7000-8000-000000000001',
-			       now() - interval '40 days' + g * interval '1 ms'
-			FROM generate_series($1::int, $2::int) g`, from, to)
-		require.NoError(t, err)
-	}
+	db, load := expiredKeys(t)
 	load(1, 100)
 	pgtest.FreezeStats(t, db.Pool, "idempotency_keys")
 	load(101, 40_100)
@@ -156,4 +128,28 @@ func TestKeyCleanupReadsOnlyItsBatch(t *testing.T) {
 	plan := pgtest.Explain(t, db.Pool, batch...)
 	t.Log(plan)
 	require.LessOrEqual(t, plan.RowsRead("idempotency_keys"), int64(2_100), "reads the whole table for its batch:\n%s", plan)
+}
+
+// expiredKeys makes a database holding one order of alice's, with
+// autovacuum off for idempotency_keys, and returns it with a function that
+// adds alice's keys key-<from> to key-<to> for that order, created 40 days
+// ago one millisecond apart, so past any retention the tests use.
+func expiredKeys(t *testing.T) (*pgtest.DB, func(from, to int)) {
+	t.Helper()
+	db := pgtest.New(t, schema.Orders()...)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `
+		ALTER TABLE idempotency_keys SET (autovacuum_enabled = false);
+		INSERT INTO orders (id, customer, email, currency, status, total_cents, version, created_at, updated_at)
+		VALUES ('00000000-0000-7000-8000-000000000001', 'alice', 'a@example.com', 'EUR', 'placed', 1, 1, now(), now())`)
+	require.NoError(t, err)
+	return db, func(from, to int) {
+		t.Helper()
+		_, err := db.Pool.Exec(ctx, `
+			INSERT INTO idempotency_keys (customer, key, request_hash, order_id, created_at)
+			SELECT 'alice', 'key-' || lpad(g::text, 6, '0'), '\x00', '00000000-0000-7000-8000-000000000001',
+			       now() - interval '40 days' + g * interval '1 ms'
+			FROM generate_series($1::int, $2::int) g`, from, to)
+		require.NoError(t, err)
+	}
 }
